@@ -1,0 +1,268 @@
+"""DepthPack: a timm ViT that runs only over the tokens the queried points need.
+
+Three paths over one set of weights:
+    model(images, points)                 packed:  cls + anchors + K selected patches, dense attention
+    model.forward_masked(images, points)  masked:  every token, keys restricted to the packed selection
+    model.forward_dense(images, points?)  dense:   every token, no mask; without points a [B,H,W] map
+
+images [B,3,H,W] float RGB in [0,1] (normalized inside); points [B,Q,2] float (x, y) pixels.
+A point (x, y) belongs to pixel (floor(x), floor(y)) and to patch (floor(y/p), floor(x/p)).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import timm
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+
+from .config import ModelConfig, model_config
+from .packing import key_mask_from_index, patch_of_points, select_tokens, spread_priority
+from .validation import check_inputs
+
+
+class QueryHead(nn.Module):
+    """Depth at a point from its patch token and its offset inside the patch (sub-patch precision).
+
+    depth = exp(log_min + (log_max - log_min) * sigmoid(mlp(tok(feature) + off(fourier(offset)))))
+    so depth is positive and bounded to [min_depth, max_depth] by construction.
+    """
+
+    def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float):
+        super().__init__()
+        self.patch_size = patch_size
+        self.log_min, self.log_max = math.log(min_depth), math.log(max_depth)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.tok = nn.Linear(dim, hidden)
+        self.off = nn.Linear(2 + 4 * freqs, hidden, bias=False)
+        self.mlp = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
+        self.register_buffer("freq", (2.0 ** torch.arange(freqs)) * math.pi, persistent=False)
+
+    def token_features(self, feats: torch.Tensor) -> torch.Tensor:
+        # feats [B,T,D] -> [B,T,hidden]; per token, so it can run before or after the gather
+        return self.tok(self.norm(feats))
+
+    def encode_offset(self, points: torch.Tensor) -> torch.Tensor:
+        # points [...,2] float32 pixels -> [..., 2 + 4F]; u in [-0.5, 0.5) inside the patch
+        u = torch.remainder(points.float(), self.patch_size) / self.patch_size - 0.5
+        ang = u.unsqueeze(-1) * self.freq  # [...,2,F]
+        return torch.cat([u, ang.sin().flatten(-2), ang.cos().flatten(-2)], dim=-1)
+
+    def decode(self, htok: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        # htok [B,Q,hidden] (the query's token), points [B,Q,2] -> depth [B,Q] float32 meters
+        h = htok + self.off(self.encode_offset(points).to(htok.dtype))
+        t = torch.sigmoid(self.mlp(h).squeeze(-1).float())
+        return torch.exp(self.log_min + (self.log_max - self.log_min) * t)
+
+
+class DepthPack(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        p = cfg.patch_size
+        self.backbone = VisionTransformer(
+            img_size=cfg.img_size, patch_size=p, embed_dim=cfg.embed_dim, depth=cfg.depth,
+            num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, init_values=cfg.init_values,
+            num_classes=0, class_token=True, global_pool="token", dynamic_img_size=False)
+        if cfg.backbone_weights:
+            load_backbone_weights(self.backbone, cfg.backbone_weights)
+        gh, gw = cfg.grid
+        g = cfg.anchor_grid
+        # anchors: a g x g thumbnail embedded by the same patch embedding, with their own positions
+        anchor_pos = resample_abs_pos_embed(self.backbone.pos_embed.detach()[:, 1:], new_size=(g, g),
+                                            old_size=(gh, gw), num_prefix_tokens=0) if g else torch.zeros(1, 0, cfg.embed_dim)
+        self.anchor_pos = nn.Parameter(anchor_pos.clone())
+        self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth)
+        self.register_buffer("mean", torch.tensor(cfg.mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(cfg.std).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("spread", spread_priority(gh, gw), persistent=False)
+        self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
+
+    # ---- pieces ---------------------------------------------------------------------------------
+    @property
+    def num_prefix(self) -> int:
+        return 1 + (self.cfg.num_anchors if self.use_anchors else 0)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        # float RGB [0,1] (any float dtype) -> normalized, in the model's dtype
+        return (images.to(self.mean.dtype) - self.mean) / self.std
+
+    def patch_pos(self, gh: int, gw: int) -> torch.Tensor:
+        # [1,N,D] position embeddings of the patch grid (resampled if the image size differs)
+        pos = self.backbone.pos_embed[:, 1:]
+        if (gh, gw) != self.cfg.grid:
+            pos = resample_abs_pos_embed(pos, new_size=(gh, gw), old_size=self.cfg.grid, num_prefix_tokens=0)
+        return pos
+
+    def embed_patches(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Patch-embed only the selected patches. x [B,3,H,W] normalized, index [B,K] -> [B,K,D]."""
+        B, C, H, W = x.shape
+        p = self.cfg.patch_size
+        gh, gw = H // p, W // p
+        proj = self.backbone.patch_embed.proj  # Conv2d(3, D, p, stride p) == Linear over (c, i, j)
+        patches = x.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * p * p)
+        picked = torch.gather(patches, 1, index.unsqueeze(-1).expand(-1, -1, C * p * p))  # [B,K,3pp]
+        tok = F.linear(picked, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias)
+        pos = self.patch_pos(gh, gw).expand(B, -1, -1)
+        return tok + torch.gather(pos, 1, index.unsqueeze(-1).expand(-1, -1, pos.shape[-1]))
+
+    def anchors(self, x: torch.Tensor) -> torch.Tensor:
+        """A = g*g tokens that see the whole image: a (g*p)^2 thumbnail, embedded. x normalized -> [B,A,D]."""
+        B = x.shape[0]
+        g, p = self.cfg.anchor_grid, self.cfg.patch_size
+        if not (self.use_anchors and g):
+            return x.new_zeros(B, 0, self.cfg.embed_dim)
+        side = g * p
+        kh, kw = max(1, x.shape[-2] // side), max(1, x.shape[-1] // side)
+        thumb = F.avg_pool2d(x, (kh, kw)) if (kh, kw) != (1, 1) else x  # box filter against aliasing
+        if thumb.shape[-2:] != (side, side):
+            thumb = F.interpolate(thumb, size=(side, side), mode="bilinear", align_corners=False)
+        tok = self.backbone.patch_embed.proj(thumb).flatten(2).transpose(1, 2)  # [B,A,D]
+        return tok + self.anchor_pos
+
+    def prefix(self, x: torch.Tensor) -> torch.Tensor:
+        # cls (+ its position) and anchors: [B, 1 + A, D]
+        cls = (self.backbone.cls_token + self.backbone.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
+        return torch.cat([cls, self.anchors(x)], dim=1)
+
+    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # tokens [B,S,D] -> [B,S,D]; timm's blocks as timm defines them
+        x = self.backbone.norm_pre(tokens)
+        for blk in self.backbone.blocks:
+            x = blk(x, attn_mask=attn_mask)
+        return self.backbone.norm(x)
+
+    def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
+        p = self.cfg.patch_size
+        return images.shape[-2] // p, images.shape[-1] // p
+
+    def spread_for(self, grid: tuple[int, int], device) -> torch.Tensor:
+        return self.spread if grid == self.cfg.grid else spread_priority(*grid, device=device)
+
+    # ---- the three paths, unchecked cores (static graphs) ---------------------------------------
+    def forward_packed(self, images: torch.Tensor, points: torch.Tensor, capacity: int) -> torch.Tensor:
+        """Packed path for Q <= capacity queries. images [B,3,H,W], points [B,Q,2] -> depth [B,Q]."""
+        grid = self.grid_of(images)
+        index, query_slot = select_tokens(points, capacity, self.cfg.patch_size, grid,
+                                          self.spread_for(grid, images.device))  # [B,Kp], [B,Q]
+        x = self.normalize(images)
+        pre = self.prefix(x)  # [B,1+A,D]
+        buf = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,1+A+Kp,D]
+        feats = self.run_blocks(buf)[:, pre.shape[1]:]  # [B,Kp,D]
+        return self._decode(feats, query_slot, points)
+
+    def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, capacity: int) -> torch.Tensor:
+        """Masked baseline: all 1+A+N tokens, keys restricted to the packed selection."""
+        grid = self.grid_of(images)
+        n = grid[0] * grid[1]
+        index, _ = select_tokens(points, capacity, self.cfg.patch_size, grid, self.spread_for(grid, images.device))
+        x = self.normalize(images)
+        pre = self.prefix(x)
+        everything = torch.arange(n, device=images.device).expand(images.shape[0], n)
+        tokens = torch.cat([pre, self.embed_patches(x, everything)], dim=1)  # [B,1+A+N,D]
+        keep = key_mask_from_index(index, n, pre.shape[1])  # [B,S] bool
+        # additive mask, finfo.min rather than -inf so no row can turn into NaN (timm's habit)
+        attn_mask = torch.zeros(keep.shape, dtype=tokens.dtype, device=tokens.device)
+        attn_mask = attn_mask.masked_fill(~keep, torch.finfo(tokens.dtype).min)[:, None, None, :]
+        feats = self.run_blocks(tokens, attn_mask)[:, pre.shape[1]:]  # [B,N,D]
+        qidx = patch_of_points(points, self.cfg.patch_size, grid)
+        return self._decode(feats, qidx, points)
+
+    def dense_features(self, images: torch.Tensor) -> torch.Tensor:
+        # every patch, no mask: [B,N,D] in row-major patch order
+        grid = self.grid_of(images)
+        n = grid[0] * grid[1]
+        x = self.normalize(images)
+        pre = self.prefix(x)
+        everything = torch.arange(n, device=images.device).expand(images.shape[0], n)
+        return self.run_blocks(torch.cat([pre, self.embed_patches(x, everything)], dim=1))[:, pre.shape[1]:]
+
+    def _decode(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        # feats [B,T,D], slot [B,Q] (token of each query), points [B,Q,2] -> depth [B,Q]
+        htok = self.head.token_features(feats)  # [B,T,h]
+        htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
+        return self.head.decode(htok, points)
+
+    # ---- public, checked API --------------------------------------------------------------------
+    def forward(self, images: torch.Tensor, points) -> torch.Tensor:
+        """Packed path: depth [B,Q] float32 meters at each (x, y) point."""
+        images, points = check_inputs(images, points, self.cfg.patch_size)
+        return self.chunked(self.forward_packed, images, points)
+
+    def forward_masked(self, images: torch.Tensor, points) -> torch.Tensor:
+        images, points = check_inputs(images, points, self.cfg.patch_size)
+        return self.chunked(self.forward_masked_core, images, points)
+
+    def forward_dense(self, images: torch.Tensor, points=None) -> torch.Tensor:
+        """All tokens, no mask. With points: depth [B,Q]; without: a full-resolution map [B,H,W]."""
+        if points is None:
+            images, _ = check_inputs(images, torch.zeros(images.shape[0] if isinstance(images, torch.Tensor) and images.ndim else 0, 0, 2),
+                                     self.cfg.patch_size)
+            return self.depth_map(images)
+        images, points = check_inputs(images, points, self.cfg.patch_size)
+        if points.shape[1] == 0:
+            return torch.zeros(images.shape[0], 0, device=images.device)
+        feats = self.dense_features(images)
+        return self._decode(feats, patch_of_points(points, self.cfg.patch_size, self.grid_of(images)), points)
+
+    def depth_map(self, images: torch.Tensor) -> torch.Tensor:
+        """Dense depth at every integer pixel (x, y): [B,H,W], equal to querying each pixel."""
+        B, _, H, W = images.shape
+        p = self.cfg.patch_size
+        gh, gw = self.grid_of(images)
+        htok = self.head.token_features(self.dense_features(images))  # [B,N,h]
+        hd = htok.shape[-1]
+        htok = htok.view(B, gh, 1, gw, 1, hd).expand(B, gh, p, gw, p, hd)  # token of each pixel
+        ys, xs = torch.meshgrid(torch.arange(H, device=images.device), torch.arange(W, device=images.device), indexing="ij")
+        pts = torch.stack([xs, ys], -1).float().view(1, gh, p, gw, p, 2).expand(B, -1, -1, -1, -1, -1)
+        depth = self.head.decode(htok.reshape(B, H * W, hd), pts.reshape(B, H * W, 2))
+        return depth.view(B, gh, p, gw, p).reshape(B, H, W)
+
+    def capacity_for(self, q: int) -> int:
+        """The smallest bucket that holds q queries (q <= the largest bucket); from q alone."""
+        for b in self.cfg.buckets:
+            if b >= q:
+                return b
+        raise ValueError(f"{q} queries exceed the largest bucket {self.cfg.buckets[-1]}; chunk them")
+
+    def chunked(self, fn, images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        """Run fn(images, chunk, capacity) over chunks of at most the largest bucket; same anchors each."""
+        B, Q = points.shape[:2]
+        if Q == 0:
+            return torch.zeros(B, 0, device=images.device)
+        kmax = self.cfg.buckets[-1]
+        outs = [fn(images, points[:, s:s + kmax], self.capacity_for(min(kmax, Q - s))) for s in range(0, Q, kmax)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def load_backbone_weights(backbone: VisionTransformer, path: str | Path) -> None:
+    """Load a timm or original-DINOv2 state dict from a local file, never unpickling arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"backbone_weights: no such file {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for key in ("model", "state_dict", "teacher"):
+            if isinstance(state, dict) and key in state and isinstance(state[key], dict):
+                state = state[key]
+    state = checkpoint_filter_fn(state, backbone)  # DINOv2 original -> timm names, pos-embed resample
+    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("head")]
+    if missing:
+        raise ValueError(f"backbone_weights {path}: {len(missing)} backbone tensors missing, e.g. {missing[:5]}")
+    unexpected = [k for k in unexpected if not k.startswith(("head", "mask_token"))]
+    if unexpected:
+        raise ValueError(f"backbone_weights {path}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:5]}")
+
+
+def create_model(preset: str | ModelConfig = "vits", **overrides) -> DepthPack:
+    """create_model('tiny'), create_model('vits', anchor_grid=4), or create_model(ModelConfig(...))."""
+    cfg = preset if isinstance(preset, ModelConfig) else model_config(preset, **overrides)
+    return DepthPack(cfg)

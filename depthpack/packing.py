@@ -1,0 +1,100 @@
+"""Token selection: which patches fill the fixed-size buffer and where each query finds its token.
+
+Fixed-shape tensor operations only (scatter, max-pool, topk, gather): no nonzero, unique, boolean
+indexing, .item() or data-dependent Python, so the packed forward is one static graph.
+
+Priority of a patch (higher is selected first; levels are integers, the spread term is in [0, 1) and
+distinct per patch, so there are no ties and the result is deterministic):
+    3 + spread   a queried patch      (always selected: there are at most Q <= K of them)
+    2 + spread   a neighbour (3x3) of a queried patch
+    1 + spread   any other patch, in a fixed order that spreads over the image
+so every slot holds a real token and no key mask is needed.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+QUERY, NEIGHBOUR, CONTEXT = 3.0, 2.0, 1.0
+
+
+@lru_cache(maxsize=None)
+def _spread_order(gh: int, gw: int) -> tuple[float, ...]:
+    """A value in [0, 1) per patch (row-major), largest first = most spread-out prefix.
+
+    Bit-reversal (van der Corput) ranks along each axis, interleaved: any prefix of the order covers
+    the grid roughly uniformly, so leftover capacity samples context evenly over the image.
+    """
+
+    def bitrev_rank(n: int) -> list[int]:
+        bits = max(1, (n - 1).bit_length())
+        keys = sorted(range(n), key=lambda i: int(f"{i:0{bits}b}"[::-1], 2))
+        rank = [0] * n
+        for r, i in enumerate(keys):
+            rank[i] = r
+        return rank
+
+    ry, rx = bitrev_rank(gh), bitrev_rank(gw)
+    n = gh * gw
+    key = [(max(ry[y], rx[x]), ry[y], rx[x]) for y in range(gh) for x in range(gw)]
+    order = sorted(range(n), key=lambda i: key[i])  # earliest = most spread
+    value = [0.0] * n
+    for r, i in enumerate(order):
+        value[i] = (n - 1 - r) / n  # distinct, in [0, 1)
+    return tuple(value)
+
+
+def spread_priority(gh: int, gw: int, device=None) -> torch.Tensor:
+    """[gh*gw] float32 in [0, 1), distinct; a compile-time constant of the grid."""
+    return torch.tensor(_spread_order(gh, gw), dtype=torch.float32, device=device)
+
+
+def patch_of_points(points: torch.Tensor, patch_size: int, grid: tuple[int, int]) -> torch.Tensor:
+    """points [B,Q,2] (x, y) pixels -> patch index [B,Q] (row-major). Points are validated upstream;
+    the clamp only keeps memory access in bounds should an unvalidated caller pass garbage."""
+    gh, gw = grid
+    cell = torch.div(points, patch_size, rounding_mode="floor").long()  # [B,Q,2]
+    px = cell[..., 0].clamp(0, gw - 1)
+    py = cell[..., 1].clamp(0, gh - 1)
+    return py * gw + px
+
+
+def select_tokens(points: torch.Tensor, capacity: int, patch_size: int, grid: tuple[int, int],
+                  spread: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose the patches of the buffer.
+
+    points [B,Q,2] float (x, y) pixels, Q <= capacity.
+    Returns index [B,Kp] (patch ids, distinct, Kp = min(capacity, N)) and query_slot [B,Q] (the slot
+    in index that holds each query's own patch; duplicate queries share it).
+    """
+    B, Q, _ = points.shape
+    gh, gw = grid
+    n = gh * gw
+    kp = min(capacity, n)
+    if Q > kp and capacity < n:
+        raise ValueError(f"{Q} queries do not fit a capacity of {capacity} patch slots")
+    qidx = patch_of_points(points, patch_size, grid)  # [B,Q]
+    if spread is None:
+        spread = spread_priority(gh, gw, points.device)
+    queried = torch.zeros(B, n, device=points.device, dtype=torch.float32)
+    queried = queried.scatter(1, qidx, 1.0)  # [B,N] 1 where queried (duplicates write the same 1)
+    near = F.max_pool2d(queried.view(B, 1, gh, gw), 3, stride=1, padding=1).view(B, n)
+    # queried: 3, neighbour: 2, other: 1; plus the spread term in [0, 1)
+    score = CONTEXT + near + queried + spread.to(points.device)  # [B,N]
+    index = torch.topk(score, kp, dim=1, sorted=True).indices  # [B,Kp] distinct patch ids
+    slots = torch.arange(kp, device=points.device).expand(B, kp)
+    slot_of_patch = torch.zeros(B, n, dtype=torch.long, device=points.device).scatter(1, index, slots)
+    query_slot = torch.gather(slot_of_patch, 1, qidx)  # [B,Q]
+    return index, query_slot
+
+
+def key_mask_from_index(index: torch.Tensor, num_patches: int, num_prefix: int) -> torch.Tensor:
+    """Boolean key mask [B, prefix + N] that admits the prefix tokens (cls, anchors) and the selected
+    patches: the masked path's view of exactly the tokens the packed path runs."""
+    B = index.shape[0]
+    sel = torch.zeros(B, num_patches, dtype=torch.bool, device=index.device)
+    sel = sel.scatter(1, index, True)
+    prefix = torch.ones(B, num_prefix, dtype=torch.bool, device=index.device)
+    return torch.cat([prefix, sel], dim=1)
