@@ -1,0 +1,80 @@
+"""Token selection: deterministic, every query finds its own patch, no duplicates, fixed shapes."""
+import torch
+from hypothesis import given, settings, strategies as st
+
+from depthpack.packing import key_mask_from_index, patch_of_points, select_tokens, spread_priority
+
+
+def _points(g, B, Q, H, W):
+    return torch.stack([torch.rand(B, Q, generator=g) * W, torch.rand(B, Q, generator=g) * H], -1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gh=st.integers(1, 9), gw=st.integers(1, 9), p=st.sampled_from([1, 2, 8, 14]),
+    B=st.integers(1, 3), Q=st.integers(1, 40), extra=st.integers(0, 30), seed=st.integers(0, 2**31 - 1),
+    dup=st.booleans(),
+)
+def test_selection_properties(gh, gw, p, B, Q, extra, seed, dup):
+    H, W, n = gh * p, gw * p, gh * gw
+    g = torch.Generator().manual_seed(seed)
+    pts = _points(g, B, Q, H, W)
+    if dup:  # duplicates and points exactly on patch borders / the last pixel
+        pts[:, Q // 2:] = pts[:, : Q - Q // 2].clone()
+        pts[:, 0] = torch.tensor([float((gw - 1) * p), float(H - 1)])
+    capacity = Q + extra
+    if capacity < n and Q > capacity:
+        return
+    index, slot = select_tokens(pts, capacity, p, (gh, gw))
+    kp = min(capacity, n)
+    assert index.shape == (B, kp) and slot.shape == (B, Q)
+    for b in range(B):
+        assert len(set(index[b].tolist())) == kp  # no token twice
+    qidx = patch_of_points(pts, p, (gh, gw))
+    # every query maps to the slot that holds its own patch
+    assert torch.equal(torch.gather(index, 1, slot), qidx)
+    # deterministic
+    index2, slot2 = select_tokens(pts.clone(), capacity, p, (gh, gw))
+    assert torch.equal(index, index2) and torch.equal(slot, slot2)
+    # duplicates in one patch share a slot
+    same = qidx[:, :, None] == qidx[:, None, :]
+    assert torch.equal(same, slot[:, :, None] == slot[:, None, :])
+
+
+def test_patch_of_points_borders():
+    p, grid = 8, (4, 5)  # H=32, W=40
+    pts = torch.tensor([[[0.0, 0.0], [7.999, 7.999], [8.0, 0.0], [39.99, 31.99], [16.0, 24.0]]])
+    assert patch_of_points(pts, p, grid).tolist() == [[0, 0, 1, 19, 17]]
+
+
+def test_neighbours_before_context():
+    # one query in the middle of a 7x7 grid, capacity 9: exactly its 3x3 neighbourhood
+    p, grid = 4, (7, 7)
+    pts = torch.tensor([[[14.0, 14.0]]])  # patch (3, 3) -> 24
+    index, _ = select_tokens(pts, 9, p, grid)
+    expect = {r * 7 + c for r in (2, 3, 4) for c in (2, 3, 4)}
+    assert set(index[0].tolist()) == expect
+    assert index[0, 0].item() == 24  # the query's own patch first
+
+
+def test_leftover_context_is_spread():
+    # no neighbour pressure: with 1 query in a corner and capacity 1 + 3 + 4, the 4 context patches
+    # come from the spread order, which must not cluster in one quadrant
+    spread = spread_priority(8, 8)
+    assert len(set(spread.tolist())) == 64 and float(spread.min()) >= 0 and float(spread.max()) < 1
+    top = torch.topk(spread, 4).indices
+    quadrants = {(int(i) // 8 >= 4, int(i) % 8 >= 4) for i in top}
+    assert len(quadrants) == 4
+
+
+def test_key_mask():
+    index = torch.tensor([[3, 0], [1, 2]])
+    m = key_mask_from_index(index, 4, 2)
+    assert m.tolist() == [[True, True, True, False, False, True], [True, True, False, True, True, False]]
+
+
+def test_capacity_too_small_raises():
+    import pytest
+
+    with pytest.raises(ValueError, match="do not fit"):
+        select_tokens(torch.zeros(1, 5, 2), 4, 8, (8, 8))
