@@ -1,0 +1,84 @@
+"""DataConfig: which data set to read and how a sample reaches the model's image size.
+
+No torch import here, so configs can be parsed without loading torch.
+
+kind
+    "synthetic"  procedural rooms/streets rendered on the fly (depthpack.data.synthetic), exact depth.
+    "nyu_mat"    the official labeled file nyu_depth_v2_labeled.mat (MATLAB v7.3 / HDF5); root = the file.
+    "nyu"        BTS-style folder: rgb_XXXXX.jpg + sync_depth_XXXXX.png (uint16 mm), searched recursively.
+    "kitti"      KITTI depth: RGB PNG + uint16 PNG, meters = value / 256, 0 = no measurement.
+    "folder"     generic: root/rgb/NAME.{png,jpg} + root/depth/NAME.{png,npy,pfm}.
+Splits of file-based kinds: "train" reads split_file, "val" reads val_split_file (or split_file when
+only that is given: the list to evaluate on); with no split file at all the sorted listing is cut
+deterministically, val = the last min(num_val, n // 2) samples, train = the rest; "all" = everything.
+Every file-based kind also accepts split_file: lines "rgb_path depth_path [anything]" relative to
+root (depth_root for the depth path when set); "#" comments, blank lines and depth "None" are skipped.
+For nyu_mat the split file lists 0-based image indices instead, one per line.
+
+Eval crops (eval_crop), defined on the native image and resized with the depth (nearest):
+    "eigen_nyu"    rows 45:471, cols 41:601 of 480x640 (as fractions for other sizes)
+    "garg"         KITTI Garg crop: rows 0.40810811h:0.99189189h, cols 0.03594771w:0.96405229w
+    "eigen_kitti"  KITTI Eigen crop: rows 0.3324324h:0.91351351h, cols 0.0359477w:0.96405229w
+
+resize (how a native sample reaches img_size (H, W)):
+    "resize"       scale each axis to (H, W) (the aspect ratio may change); what depthpack.preprocess
+                   and the C++ runner do at inference, so training sees what inference sees.
+    "center_crop"  scale uniformly so the image covers (H, W), then cut the centered (H, W) window.
+Synthetic scenes are rendered at (H, W) directly (no resize). Depth and masks of files always go
+through nearest-neighbour sampling at pixel centers (never a blend of valid
+and invalid values); the image through image_interp ("linear" as depthpack.preprocess, or "area",
+which antialiases when shrinking).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("synthetic", "nyu_mat", "nyu", "kitti", "folder")
+SCENES = ("indoor", "outdoor", "mixed")
+CROPS = (None, "eigen_nyu", "garg", "eigen_kitti")
+RESIZES = ("resize", "center_crop")
+DECODES = ("linear", "sunrgbd", "middlebury")
+INTERPS = ("linear", "area")
+
+
+@dataclass
+class DataConfig:
+    kind: str = "synthetic"  # see the module docstring
+    root: str | None = None  # folder (or, for nyu_mat, the .mat file) of the data set
+    split_file: str | None = None  # pairs "rgb depth" per line (nyu_mat: 0-based indices)
+    val_split_file: str | None = None  # the held-out list for split "val" (None: split_file again, see make_dataset)
+    depth_root: str | None = None  # where split-file depth paths are relative to (None: root); BTS gt_path
+    depth_scale: float | None = None  # stored value per meter; None: 1000 nyu/folder, 256 kitti
+    decode: str = "linear"  # "linear" (value / depth_scale) | "sunrgbd" (bit-rotated mm) | "middlebury" (PFM disparity + calib.txt)
+    invalid_raw: tuple[int, ...] = (0, 65535)  # raw uint16 values meaning "no measurement" (65535: 7-Scenes)
+    scene: str = "indoor"  # synthetic: "indoor" | "outdoor" | "mixed"
+    num_samples: int = 2000  # synthetic: size of the train split
+    num_val: int = 64  # synthetic: size of the val split; nyu_mat without split_file: the last num_val images
+    cache: bool = False  # synthetic: keep rendered samples in memory (per process), so later epochs cost nothing
+    seed: int = 0
+    eval_crop: str | None = None  # None | "eigen_nyu" | "garg" | "eigen_kitti"
+    resize: str = "resize"  # "resize" | "center_crop"
+    image_interp: str = "linear"  # "linear" | "area"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.invalid_raw, (list, tuple)):
+            self.invalid_raw = tuple(int(v) for v in self.invalid_raw)
+        problems = []
+        for name, allowed in (("kind", KINDS), ("scene", SCENES), ("eval_crop", CROPS),
+                              ("resize", RESIZES), ("decode", DECODES), ("image_interp", INTERPS)):
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        if self.kind != "synthetic" and not self.root:
+            problems.append(f"kind={self.kind!r} needs root (the data set's folder or file)")
+        if self.depth_scale is not None and not self.depth_scale > 0:
+            problems.append(f"depth_scale must be > 0, got {self.depth_scale}")
+        if self.num_samples < 1 or self.num_val < 1:
+            problems.append(f"num_samples and num_val must be >= 1, got {self.num_samples}, {self.num_val}")
+        if problems:
+            raise ValueError("invalid DataConfig: " + "; ".join(problems))
+
+    def scale(self) -> float:
+        """Stored depth value per meter: depth_scale, or the format's default."""
+        if self.depth_scale is not None:
+            return float(self.depth_scale)
+        return 256.0 if self.kind == "kitti" else 1000.0

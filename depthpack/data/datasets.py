@@ -1,0 +1,203 @@
+"""The data sets: synthetic scenes, NYU Depth v2 (.mat and folder), KITTI, generic folders.
+
+Each returns, for dataset[i], dict(image [3,H,W] float32 in [0,1], depth [H,W] float32 meters (0 where
+invalid), valid [H,W] bool, eval_mask [H,W] bool, name str) at the requested size.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .common import BadSample, SkippingDataset, log, make_sample, split_range
+from .formats import read_depth, read_rgb
+from .synthetic import render
+
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp")
+DEPTH_EXTS = (".png", ".npy", ".pfm")
+
+
+class SyntheticDataset(SkippingDataset):
+    """Procedural rooms / streets rendered at the requested size; sample i of a split is always the same.
+
+    train and val draw from disjoint random streams (seed, split, index), so val scenes are held out.
+    """
+
+    def __init__(self, cfg, split: str, size, min_depth: float, max_depth: float):
+        super().__init__(size, min_depth, max_depth, cfg)
+        if split not in ("train", "val"):
+            raise ValueError(f"split={split!r} is not one of ('train', 'val') for synthetic data")
+        self.split = split
+        self.n = cfg.num_samples if split == "train" else cfg.num_val
+        self._cache: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def describe(self) -> str:
+        return f"synthetic {self.cfg.scene} {self.split} (seed {self.cfg.seed}, {self.n} scenes)"
+
+    def load(self, i: int) -> dict:
+        if i in self._cache:
+            return dict(self._cache[i])
+        r = render(self.cfg.seed, i, self.size, self.cfg.scene, self.split)
+        name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
+        s = make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name)
+        if self.cfg.cache:
+            self._cache[i] = s
+        return dict(s)
+
+
+class PairsDataset(SkippingDataset):
+    """RGB file + depth file per sample (NYU folder, KITTI, generic folder)."""
+
+    def __init__(self, pairs: list[tuple[Path, Path]], names: list[str], cfg, size, min_depth, max_depth, label: str):
+        super().__init__(size, min_depth, max_depth, cfg)
+        self.pairs, self.names, self.label = pairs, names, label
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def describe(self) -> str:
+        return f"{self.label} ({len(self.pairs)} pairs)"
+
+    def load(self, i: int) -> dict:
+        rgb_path, depth_path = self.pairs[i]
+        rgb = read_rgb(rgb_path)
+        depth = read_depth(depth_path, self.cfg.scale(), self.cfg.decode, self.cfg.invalid_raw)
+        return make_sample(rgb, depth, self.size, self.cfg, self.min_depth, self.max_depth, self.names[i], depth_path)
+
+
+class NyuMatDataset(SkippingDataset):
+    """The official nyu_depth_v2_labeled.mat (MATLAB v7.3 = HDF5), read with h5py.
+
+    MATLAB writes column-major, so h5py sees images as [N, 3, W, H] uint8 and depths as [N, W, H]
+    float32 meters: image i is images[i].transpose(2, 1, 0) -> [H, W, 3], depth i is depths[i].T.
+    The file is opened lazily in each process (h5py handles do not survive fork/pickle).
+    """
+
+    def __init__(self, path: Path, indices: list[int], cfg, size, min_depth, max_depth):
+        super().__init__(size, min_depth, max_depth, cfg)
+        self.path, self.indices = Path(path), list(indices)
+        self._h5 = None
+        self._pid = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def describe(self) -> str:
+        return f"NYU Depth v2 {self.path} ({len(self.indices)} images)"
+
+    def file(self):
+        if self._h5 is None or self._pid != os.getpid():
+            self._h5, self._pid = open_nyu_mat(self.path), os.getpid()
+        return self._h5
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_h5"] = None
+        return state
+
+    def load(self, i: int) -> dict:
+        f = self.file()
+        k = self.indices[i]
+        try:
+            img = np.asarray(f["images"][k])  # [3, W, H]
+            depth = np.asarray(f["depths"][k], dtype=np.float32)  # [W, H]
+        except (OSError, KeyError, ValueError) as e:
+            raise BadSample(f"{self.path}[{k}]", f"cannot read image {k} ({e})") from None
+        if img.ndim != 3 or img.shape[0] != 3 or depth.shape != img.shape[1:]:
+            raise BadSample(f"{self.path}[{k}]", f"images[{k}] {img.shape} / depths[{k}] {depth.shape} are not [3,W,H] / [W,H]")
+        rgb = np.ascontiguousarray(img.transpose(2, 1, 0))  # [H, W, 3]
+        return make_sample(rgb, depth.T, self.size, self.cfg, self.min_depth, self.max_depth, f"nyu_{k:05d}",
+                           f"{self.path}[{k}]")
+
+
+def open_nyu_mat(path):
+    import h5py  # only this loader needs it
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"NYU .mat {path}: no such file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"NYU .mat {path}: not an HDF5 / MATLAB v7.3 file ({e})") from None
+    missing = [k for k in ("images", "depths") if k not in f]
+    if missing:
+        raise ValueError(f"NYU .mat {path}: missing datasets {missing} (has {sorted(f.keys())})")
+    return f
+
+
+# ----------------------------------------------------------------------------- listing files
+def read_split_file(path, root: Path, depth_root: Path) -> tuple[list[tuple[Path, Path]], list[str]]:
+    """Lines "rgb_path depth_path [anything]"; paths relative to root / depth_root (a leading '/' as in
+    BTS's lists is relative too). '#' comments and blank lines are ignored; depth 'None' (BTS's Eigen
+    test lines without ground truth) is skipped and counted in the log."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"split_file {path}: no such file")
+    pairs, names, no_gt = [], [], 0
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tok = line.split()
+        if len(tok) < 2:
+            raise ValueError(f"split_file {path}:{n}: expected 'rgb_path depth_path', got {line!r}")
+        if tok[1] == "None":
+            no_gt += 1
+            continue
+        pairs.append((_resolve(root, tok[0]), _resolve(depth_root, tok[1])))
+        names.append(str(Path(tok[0].lstrip("/")).with_suffix("")))
+    if no_gt:
+        log.info("split_file %s: %d lines without ground truth (depth None) left out", path, no_gt)
+    return pairs, names
+
+
+def _resolve(root: Path, p: str) -> Path:
+    rel = root / p.lstrip("/")
+    return rel if rel.exists() or not Path(p).is_absolute() or not Path(p).exists() else Path(p)
+
+
+def _first_existing(stem: Path, exts) -> Path:
+    for e in exts:
+        if stem.with_suffix(e).exists():
+            return stem.with_suffix(e)
+    return stem.with_suffix(exts[0])  # missing: reported (and skipped) when loaded
+
+
+def list_subfolders(root: Path, rgb_dir: str = "rgb", depth_dir: str = "depth", depth_name=lambda s: s):
+    """root/rgb/NAME.{png,jpg,...} paired with root/depth/NAME.{png,npy,pfm}."""
+    rgbs = sorted(p for p in (root / rgb_dir).iterdir() if p.suffix.lower() in IMAGE_EXTS)
+    pairs = [(p, _first_existing(root / depth_dir / depth_name(p.stem), DEPTH_EXTS)) for p in rgbs]
+    return pairs, [p.stem for p in rgbs]
+
+
+def list_nyu_folder(root: Path):
+    """BTS / Metric3D layout, searched recursively: rgb_XXXXX.jpg beside sync_depth_XXXXX.png."""
+    rgbs = sorted(p for p in root.rglob("rgb_*") if p.suffix.lower() in IMAGE_EXTS)
+    pairs = [(p, p.with_name("sync_depth_" + p.stem[len("rgb_"):] + ".png")) for p in rgbs]
+    return pairs, [str(p.relative_to(root).with_suffix("")) for p in rgbs]
+
+
+def list_kitti(root: Path):
+    """rgb/ + depth/ with matching names, or the official val_selection_cropped layout
+    (image/X_image_Y.png + groundtruth_depth/X_groundtruth_depth_Y.png)."""
+    if (root / "image").is_dir() and (root / "groundtruth_depth").is_dir():
+        return list_subfolders(root, "image", "groundtruth_depth", lambda s: s.replace("_image_", "_groundtruth_depth_"))
+    return list_subfolders(root, "rgb", "depth")
+
+
+def list_pairs(cfg) -> tuple[list[tuple[Path, Path]], list[str]]:
+    root = Path(cfg.root)
+    if not root.exists():
+        raise ValueError(f"data root {root}: no such folder")
+    if cfg.split_file:
+        return read_split_file(cfg.split_file, root, Path(cfg.depth_root or cfg.root))
+    if cfg.kind == "nyu":
+        return list_nyu_folder(root)
+    if not (root / "rgb").is_dir() and not (cfg.kind == "kitti" and (root / "image").is_dir()):
+        raise ValueError(f"data root {root}: expected rgb/ and depth/ subfolders (or give split_file)")
+    return list_kitti(root) if cfg.kind == "kitti" else list_subfolders(root)
