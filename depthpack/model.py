@@ -21,7 +21,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from .config import ModelConfig, model_config
-from .packing import key_mask_from_index, patch_of_points, select_tokens, spread_priority
+from .packing import key_mask_from_index, patch_of_points, select_tokens, spread_priority, spread_ranks
 from .validation import check_inputs
 
 
@@ -40,7 +40,13 @@ class QueryHead(nn.Module):
         self.tok = nn.Linear(dim, hidden)
         self.off = nn.Linear(2 + 4 * freqs, hidden, bias=False)
         self.mlp = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
-        self.register_buffer("freq", (2.0 ** torch.arange(freqs)) * math.pi, persistent=False)
+        # integer exponents: a dtype cast of the module (model.to(bf16)) cannot round them
+        self.register_buffer("freq_pow", torch.arange(freqs), persistent=False)
+
+    @property
+    def freq(self) -> torch.Tensor:
+        # [F] float32 2^k * pi, always float32 whatever dtype the module was cast to
+        return torch.exp2(self.freq_pow.float()) * math.pi
 
     def token_features(self, feats: torch.Tensor) -> torch.Tensor:
         # feats [B,T,D] -> [B,T,hidden]; per token, so it can run before or after the gather
@@ -79,8 +85,11 @@ class DepthPack(nn.Module):
         self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth)
         self.register_buffer("mean", torch.tensor(cfg.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg.std).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("spread", spread_priority(gh, gw), persistent=False)
+        # selection tie-breaker as integer ranks k (spread = k / N in float32 at use): rounded to
+        # bf16 by model.to(bf16), distinct values would tie and topk on ties is kernel-dependent
+        self.register_buffer("spread_rank", spread_ranks(gh, gw), persistent=False)
         self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
+        self.fused_embed = False  # fast-path switch: Triton gather+embed kernel (kernels/patch_embed.py), CUDA only
 
     # ---- pieces ---------------------------------------------------------------------------------
     @property
@@ -104,6 +113,10 @@ class DepthPack(nn.Module):
         p = self.cfg.patch_size
         gh, gw = H // p, W // p
         proj = self.backbone.patch_embed.proj  # Conv2d(3, D, p, stride p) == Linear over (c, i, j)
+        if self.fused_embed:  # same computation in one Triton kernel; torch reference below
+            from .kernels.patch_embed import fused_patch_embed
+            return fused_patch_embed(x, index, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias,
+                                     self.patch_pos(gh, gw)[0], p)
         patches = x.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * p * p)
         picked = torch.gather(patches, 1, index.unsqueeze(-1).expand(-1, -1, C * p * p))  # [B,K,3pp]
         tok = F.linear(picked, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias)
@@ -121,7 +134,13 @@ class DepthPack(nn.Module):
         thumb = F.avg_pool2d(x, (kh, kw)) if (kh, kw) != (1, 1) else x  # box filter against aliasing
         if thumb.shape[-2:] != (side, side):
             thumb = F.interpolate(thumb, size=(side, side), mode="bilinear", align_corners=False)
-        tok = self.backbone.patch_embed.proj(thumb).flatten(2).transpose(1, 2)  # [B,A,D]
+        proj = self.backbone.patch_embed.proj
+        if self.fused_embed:  # the same embedding through the Triton kernel (cuDNN's conv here is slow)
+            from .kernels.patch_embed import fused_patch_embed
+            index = torch.arange(g * g, device=x.device).expand(B, g * g).contiguous()
+            return fused_patch_embed(thumb.contiguous(), index, proj.weight.reshape(proj.weight.shape[0], -1),
+                                     proj.bias, self.anchor_pos[0], p)
+        tok = proj(thumb).flatten(2).transpose(1, 2)  # [B,A,D]
         return tok + self.anchor_pos
 
     def prefix(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,6 +158,11 @@ class DepthPack(nn.Module):
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
         p = self.cfg.patch_size
         return images.shape[-2] // p, images.shape[-1] // p
+
+    @property
+    def spread(self) -> torch.Tensor:
+        # [N] float32 in [0, 1), distinct: the context order of the configured grid
+        return self.spread_rank.float() / self.spread_rank.numel()
 
     def spread_for(self, grid: tuple[int, int], device) -> torch.Tensor:
         return self.spread if grid == self.cfg.grid else spread_priority(*grid, device=device)

@@ -46,9 +46,15 @@ def _spread_order(gh: int, gw: int) -> tuple[float, ...]:
     return tuple(value)
 
 
+def spread_ranks(gh: int, gw: int, device=None) -> torch.Tensor:
+    """[gh*gw] int64 k with spread = k / N; integers survive any dtype cast of a module exactly."""
+    n = gh * gw
+    return torch.tensor([round(v * n) for v in _spread_order(gh, gw)], dtype=torch.long, device=device)
+
+
 def spread_priority(gh: int, gw: int, device=None) -> torch.Tensor:
     """[gh*gw] float32 in [0, 1), distinct; a compile-time constant of the grid."""
-    return torch.tensor(_spread_order(gh, gw), dtype=torch.float32, device=device)
+    return spread_ranks(gh, gw, device).float() / (gh * gw)
 
 
 def patch_of_points(points: torch.Tensor, patch_size: int, grid: tuple[int, int]) -> torch.Tensor:

@@ -241,3 +241,25 @@ def test_config_errors():
         model_config("tiny", depht=3)
     with pytest.raises(ValueError, match="multiples of patch_size"):
         model_config("tiny", img_size=(60, 64))
+
+
+def test_dtype_cast_keeps_selection_exact():
+    # model.to(bf16) must not round the selection tie-breaker or the offset frequencies
+    from depthpack.packing import spread_priority
+
+    m = create_model("vits").to(torch.bfloat16)
+    assert m.spread.dtype == torch.float32 and len(set(m.spread.tolist())) == m.cfg.num_patches
+    assert torch.equal(m.spread, spread_priority(*m.cfg.grid))
+    assert m.head.freq.dtype == torch.float32
+
+
+def test_bf16_close_to_float32(tiny):
+    img, pts = rand_inputs(20, 2, 20)
+    with torch.no_grad():
+        ref = tiny(img, pts)
+        low = create_model("tiny")
+        low.load_state_dict(tiny.state_dict())
+        low = low.to(torch.bfloat16).eval()
+        out = low(img, pts)
+    assert out.dtype == torch.float32
+    assert ((out - ref).abs() / ref).max() < 5e-2  # bf16 operands: ~1e-2 relative
