@@ -1,0 +1,72 @@
+#!/usr/bin/env python
+"""Export DepthPack to AOTInductor packages (+ manifest, reference, optional ONNX): a thin CLI over
+depthpack.export. Any refusal or failed check is one line on stderr and exit code 1.
+
+    python export/export.py --preset tiny --out /tmp/dp_tiny --buckets 8,64 --onnx
+    python export/export.py --checkpoint runs/vits --out /tmp/dp_export_vits --device cuda --dtype bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from depthpack.export import DTYPES, TARGETS, ExportOptions, export, load_for_export  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line and exit 1, like every other refusal
+        print(f"export: error: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = _Parser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="run folder, checkpoint folder or model.safetensors (config.json beside it)")
+    src.add_argument("--preset", help="export a preset with seeded random weights (for tests)")
+    ap.add_argument("--out", required=True, help="output folder (manifest.json, depthpack_k{K}.pt2, reference.*)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the device the packages will run on")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype inside the packages")
+    ap.add_argument("--buckets", type=_ints, default=None, help="capacities, ascending (default: the model config's)")
+    ap.add_argument("--batch", type=int, default=1, help="static batch size of the packages")
+    ap.add_argument("--onnx", action="store_true", help="also write float32 ONNX models (opset 20), checked with onnxruntime")
+    ap.add_argument("--onnx-buckets", type=_ints, default=None, help="ONNX only for these buckets (default: all)")
+    ap.add_argument("--max-autotune", action="store_true", help="Inductor max-autotune (much slower compile)")
+    ap.add_argument("--target", default="native",
+                    help=f"refuse unless this machine is the target: native, {', '.join(sorted(TARGETS))} or ARCH[:sm_XY]")
+    ap.add_argument("--seed", type=int, default=0, help="seed of preset weights, reference and check inputs")
+    ap.add_argument("--cpp-runner", default=None,
+                    help="deploy_cpp's depthpack_run, for the self-check where loading packages kills Python "
+                         "(torch 2.11 + CUDA); default: $DEPTHPACK_RUN or deploy_cpp/build, /tmp/dp_cpp_build")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        model, preset = load_for_export(args.checkpoint, args.preset, args.seed)
+        opts = ExportOptions(out=args.out, device=args.device, dtype=args.dtype, buckets=args.buckets,
+                             batch=args.batch, onnx=args.onnx or bool(args.onnx_buckets),
+                             onnx_buckets=args.onnx_buckets, max_autotune=args.max_autotune,
+                             target=args.target, seed=args.seed, cpp_runner=args.cpp_runner)
+        summary = export(model, opts, preset, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except ValueError as e:  # ExportError, CheckpointError, config errors: all say what is wrong
+        print(f"export: error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
