@@ -25,6 +25,12 @@ from .packing import key_mask_from_index, patch_of_points, select_tokens, spread
 from .validation import check_inputs
 
 
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[B,C,H,W] -> [B,N,C*p*p], patches row-major, each flattened as (c, i, j) like Conv2d's weight."""
+    B, C, H, W = x.shape
+    return x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)
+
+
 class QueryHead(nn.Module):
     """Depth at a point from its patch token and its offset inside the patch (sub-patch precision).
 
@@ -117,7 +123,7 @@ class DepthPack(nn.Module):
             from .kernels.patch_embed import fused_patch_embed
             return fused_patch_embed(x, index, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias,
                                      self.patch_pos(gh, gw)[0], p)
-        patches = x.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * p * p)
+        patches = patchify(x, p)  # [B,N,3pp]
         picked = torch.gather(patches, 1, index.unsqueeze(-1).expand(-1, -1, C * p * p))  # [B,K,3pp]
         tok = F.linear(picked, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias)
         pos = self.patch_pos(gh, gw).expand(B, -1, -1)
@@ -140,7 +146,9 @@ class DepthPack(nn.Module):
             index = torch.arange(g * g, device=x.device).expand(B, g * g).contiguous()
             return fused_patch_embed(thumb.contiguous(), index, proj.weight.reshape(proj.weight.shape[0], -1),
                                      proj.bias, self.anchor_pos[0], p)
-        tok = proj(thumb).flatten(2).transpose(1, 2)  # [B,A,D]
+        # the patch-embedding conv as a matmul over the thumbnail's patches: the same function, and a
+        # plain GEMM where cuDNN picked a slow conv kernel for this shape (58.6 us of ~500 on the H200)
+        tok = F.linear(patchify(thumb, p), proj.weight.reshape(proj.weight.shape[0], -1), proj.bias)  # [B,A,D]
         return tok + self.anchor_pos
 
     def prefix(self, x: torch.Tensor) -> torch.Tensor:

@@ -89,7 +89,8 @@ def select_tokens(points: torch.Tensor, capacity: int, patch_size: int, grid: tu
     near = F.max_pool2d(queried.view(B, 1, gh, gw), 3, stride=1, padding=1).view(B, n)
     # queried: 3, neighbour: 2, other: 1; plus the spread term in [0, 1)
     score = CONTEXT + near + queried + spread.to(points.device)  # [B,N]
-    index = torch.topk(score, kp, dim=1, sorted=True).indices  # [B,Kp] distinct patch ids
+    # unsorted: the buffer's order does not matter to attention, and sorting cost ~21 us on the H200
+    index = torch.topk(score, kp, dim=1, sorted=False).indices  # [B,Kp] distinct patch ids
     slots = torch.arange(kp, device=points.device).expand(B, kp)
     slot_of_patch = torch.zeros(B, n, dtype=torch.long, device=points.device).scatter(1, index, slots)
     query_slot = torch.gather(slot_of_patch, 1, qidx)  # [B,Q]

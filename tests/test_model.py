@@ -202,6 +202,19 @@ def test_export_is_static_graph(tiny):
         assert (ep.module()(img2, pts2) - tiny.forward_packed(img2, pts2, 16)).abs().max() < ATOL
 
 
+def test_embedding_equals_timm_conv(tiny):
+    # patches and anchors are embedded as a matmul: it must equal timm's patch-embedding conv
+    from depthpack.model import patchify
+
+    x = torch.randn(2, 3, 64, 64)
+    conv = tiny.backbone.patch_embed.proj(x).flatten(2).transpose(1, 2)
+    index = torch.arange(64).expand(2, 64)
+    with torch.no_grad():
+        ours = tiny.embed_patches(x, index) - tiny.backbone.pos_embed[:, 1:]
+    assert (ours - conv).abs().max() < 1e-5
+    assert patchify(x, 8).shape == (2, 64, 192)
+
+
 def test_timm_backbone_checkpoint_loads_unchanged(tmp_path):
     from safetensors.torch import save_file
     from timm.models.vision_transformer import VisionTransformer

@@ -54,7 +54,6 @@ def test_neighbours_before_context():
     index, _ = select_tokens(pts, 9, p, grid)
     expect = {r * 7 + c for r in (2, 3, 4) for c in (2, 3, 4)}
     assert set(index[0].tolist()) == expect
-    assert index[0, 0].item() == 24  # the query's own patch first
 
 
 def test_leftover_context_is_spread():

@@ -1,0 +1,8 @@
+"""Hand-written Triton kernels, each with its pure-torch reference and a switch that turns it off.
+
+patch_embed: gather the selected patches straight from the (normalized) image, patch-embed them,
+add bias and position embedding, in one kernel.  Switch: ``DepthPack.fused_embed`` (default off).
+"""
+from .patch_embed import HAVE_TRITON, fused_patch_embed, patch_embed_reference
+
+__all__ = ["HAVE_TRITON", "fused_patch_embed", "patch_embed_reference"]
