@@ -16,7 +16,7 @@
 # Output in $OUT (device tool) or /tmp/dp_export_logs: export.log (everything, readable),
 # gpu_export.json (all results), segfault_bt.txt (the backtrace, when there is a crash).
 # Knobs: DP_BUCKETS (default: the config's 64..1024), DP_ONNX_BUCKETS (64), DP_EXPORT_TIMEOUT (420 s),
-#        DP_GDB (1: take the backtrace; 0 saves up to 150 s), PYTHON.
+#        DP_GDB (1: take the backtrace; 0 saves up to 150 s), DP_DIAG (1: step 4; 0 skips it), PYTHON.
 # Time on the H200 (measured for 2 buckets, see the report): first bucket ~85 s (cold Inductor), then
 # ~20 s a bucket; ONNX ~15 s; the diagnosis ~60 s; the backtrace up to 150 s.
 set -uo pipefail
@@ -68,6 +68,7 @@ say "== 3. Python: check + latency (plain and CUDA graph) per package"
 timeout 300 $PY -m depthpack.aoti --check "$M" --bench 200 >"$J/check_bench.json" 2>>"$LOG"
 say "exit $?"; cat "$J/check_bench.json" | tee -a "$LOG"
 
+if [ "${DP_DIAG:-1}" = 1 ]; then
 say "== 4. diagnosis: each way of loading a package, in its own child process"
 timeout 240 $PY -m depthpack.aoti --check "$M" --diagnose --probes \
     binding,binding_before_cuda_init,binding_rtld_global,container_runner \
@@ -83,6 +84,8 @@ if [ "${DP_GDB:-1}" = 1 ] && command -v cuda-gdb >/dev/null && grep -q '"signal"
     timeout 150 cuda-gdb -q -batch -ex "set pagination off" -ex "set confirm off" -ex run -ex "bt 40" \
         -ex "info sharedlibrary" --args $PY -m depthpack.aoti --probe binding --check "$M" >"$LOGS/segfault_bt.txt" 2>&1
     grep -m 25 '^#' "$LOGS/segfault_bt.txt" | tee -a "$LOG"
+fi
+
 fi
 
 if [ $rc -eq 0 ]; then
