@@ -463,16 +463,20 @@ def plot(results: list[dict], path: Path) -> None:
         fig.savefig(path)
         plt.close(fig)
         return
-    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(7.5 * len(groups), 4.8), squeeze=False)
+    names = list(dict.fromkeys(r["row"] for r in results))
+    cmap = plt.get_cmap("tab20")
+    color = {n: cmap(i % 20) for i, n in enumerate(names)}  # one color per row in every panel
     for ax, (preset, dtype, b) in zip(axes[0], groups):
         rs = [r for r in results if (r["preset"], r["dtype"], r["batch"]) == (preset, dtype, b)]
         for name in dict.fromkeys(r["row"] for r in rs):
             pts = sorted((r["queries"], r["median_ms"]) for r in rs if r["row"] == name)
-            ax.plot(*zip(*pts), marker="o", label=name, linestyle="--" if "eager" in name else "-")
+            ax.plot(*zip(*pts), marker="o", label=name, color=color[name],
+                    linestyle="--" if "eager" in name else ":" if name.startswith(("dense", "dav2")) else "-")
         ax.set(xscale="log", yscale="log", xlabel="queries per image", ylabel="median latency (ms)",
                title=f"{preset} {dtype} batch {b}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
