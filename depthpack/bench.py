@@ -296,7 +296,11 @@ def measure_row(rb: "Rows", name: str, Q: int, sets, device, args) -> dict:
 def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], rows: list[str], device, args,
               progress, done=frozenset()) -> list[dict]:
     torch.manual_seed(0)
-    model = create_model(preset).eval()
+    if args.checkpoint:  # a trained model's shape (latency does not depend on the weights' values)
+        from .checkpoint import load_model
+        model = load_model(args.checkpoint).float().eval()
+    else:
+        model = create_model(preset).eval()
     model.cfg_name = preset
     H, W = model.cfg.img_size
     rb = Rows(model, device, dtype, batch, args)
@@ -487,6 +491,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     csv = lambda t: (lambda s: [t(x) for x in s.split(",") if x])  # noqa: E731
     ap.add_argument("--preset", type=csv(str), default=["vits"], help="comma list of presets")
+    ap.add_argument("--checkpoint", default=None, help="benchmark this checkpoint's model instead of a preset")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--dtype", type=csv(str), default=None, help="comma list: bfloat16,float16,float32")
     ap.add_argument("--batch", type=csv(int), default=None, help="comma list of batch sizes (default 1,8; CPU 1)")
@@ -504,6 +509,8 @@ def parse_args(argv=None):
     ap.add_argument("--child-warmup", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-backend", default="compile+graph", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.checkpoint:
+        args.preset = [Path(args.checkpoint).name]  # the label of its rows
     cuda = torch.cuda.is_available() if args.device is None else args.device.startswith("cuda")
     args.device = args.device or ("cuda" if cuda else "cpu")
     args.dtype = args.dtype or (["bfloat16"] if cuda else ["float32"])
