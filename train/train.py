@@ -1,0 +1,39 @@
+"""Train depthpack: a thin CLI over depthpack.train.train.
+
+    python train/train.py --config configs/demo.yaml                       # the embedded default
+    python train/train.py --config configs/tiny.yaml steps=5 out_dir=runs/t model.depth=1
+    python train/train.py --config configs/demo.yaml resume=true           # continue a killed run
+    torchrun --nproc_per_node=2 train/train.py --config configs/vits_nyu.yaml data.root=/data/nyu
+
+The YAML holds only what differs from TrainConfig's defaults (depthpack/config.py); key=value
+overrides (dotted keys for nested fields: model.*, data.*) apply on top; unknown keys are an error.
+The merged config is written to OUT_DIR/config.yaml.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from depthpack.config import load_train_config
+from depthpack.train import train
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=None, help="YAML with the fields that differ from the defaults")
+    ap.add_argument("overrides", nargs="*", help="key=value (dotted keys for model.* and data.*)")
+    a = ap.parse_args(argv)
+    summary = train(load_train_config(a.config, a.overrides))
+    if "val" in summary:  # rank 0 only
+        print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as e:  # bad config or data: one clear line, exit 1
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
