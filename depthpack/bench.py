@@ -242,7 +242,7 @@ class Rows:
 
     def core(self, path: str):
         m = self.predictor("packed-eager").model  # cast to dtype on the device
-        p, grid = m.cfg.patch_size, m.cfg.grid
+        p = m.cfg.patch_size
         if path == "dense":
             return lambda im, pts: m._decode(m.dense_features(im), patch_of_points(pts, p, m.grid_of(im)), pts)
         return lambda im, pts: m.chunked(m.forward_masked_core, im, pts)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ModelConfig, from_dict, to_dict
+from .config import ModelConfig, from_dict
 
 WEIGHTS, STATE, CONFIG, META, LATEST = "model.safetensors", "state.pt", "config.json", "meta.json", "latest.json"
 CKPT_DIR = "checkpoints"

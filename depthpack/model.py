@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import timm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

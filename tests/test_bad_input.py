@@ -4,7 +4,6 @@ Random shapes, dtypes, NaN/inf, points on and outside every border, empty and hu
 through the public Python API. "Correctly" means: the right shape, finite depths in the configured
 range, and the packed answer equal to the masked one (they compute the same function).
 """
-import math
 
 import numpy as np
 import pytest

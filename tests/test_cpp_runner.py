@@ -280,6 +280,75 @@ def test_undecodable_image_file(runner, exported, tmp_path):
     assert "cannot be decoded" in proc.stderr or "no OpenCV" in proc.stderr
 
 
+# ---- bad input, property-based: the CSV and image readers ---------------------------------------------
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_GOOD = st.tuples(st.floats(0, 63.999, allow_nan=False), st.floats(0, 63.999, allow_nan=False)).map(
+    lambda p: ("good", f"{p[0]!r},{p[1]!r}", p))
+_BAD = st.one_of(
+    st.tuples(st.floats(64, 1e9), st.floats(0, 63)).map(lambda p: f"{p[0]!r},{p[1]!r}"),
+    st.tuples(st.floats(0, 63), st.floats(-1e9, -1e-6)).map(lambda p: f"{p[0]!r},{p[1]!r}"),
+    st.sampled_from(["nan,1", "1,inf", "-inf,2", "1;2", "1,2,3", "7", ",", "x,", "abc,def", "1,,2", "0x,1", "\x00,1"]),
+    st.text(alphabet="0123456789.,-eE xy;abc", min_size=1, max_size=12).filter(lambda t: not _parses_ok(t)),
+).map(lambda t: ("bad", t, None))
+
+
+def _parses_ok(text: str) -> bool:
+    """Whether a line is blank or two finite in-image numbers (what the runner must accept)."""
+    if not text.strip() or text.strip() == "x,y":
+        return True
+    parts = text.split(",")
+    if len(parts) != 2:
+        return False
+    try:
+        x, y = float(parts[0]), float(parts[1])
+    except ValueError:
+        return False
+    return 0 <= x < 64 and 0 <= y < 64
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.one_of(_GOOD, _GOOD, _GOOD, _BAD, st.just(("blank", "", None))), min_size=0, max_size=40))
+def test_csv_reader_answers_or_fails_cleanly(runner, exported, python_depth, tmp_path, lines):
+    """Random CSVs: all good lines -> the Python answer for exactly those points; any bad line -> exit 1
+    with one line that names a line number. Never a crash, a hang or garbage."""
+    csv = tmp_path / "fuzz.csv"
+    csv.write_text("x,y\n" + "\n".join(t for _, t, _ in lines) + "\n")
+    proc = run(runner, "--manifest", exported / "manifest.json", "--image", exported / "reference.safetensors",
+               "--points", csv, timeout=120)
+    assert proc.returncode in (0, 1), f"crash: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+    bad = [i for i, (kind, _, _) in enumerate(lines) if kind == "bad"]
+    if proc.returncode == 1:
+        err = proc.stderr.strip().splitlines()
+        assert bad, f"valid input refused: {proc.stderr}"
+        assert len(err) == 1 and err[0].startswith("depthpack_run: error: ") and "line" in err[0], proc.stderr
+        assert proc.stdout == ""
+        return
+    assert not bad, f"bad lines {[lines[i][1] for i in bad]} accepted"
+    good = [p for kind, _, p in lines if kind == "good"]
+    out = np.array([[float(v) for v in ln.split(",")] for ln in proc.stdout.splitlines()[1:]]).reshape(-1, 3)
+    assert len(out) == len(good)
+    if good:
+        images = load_file(str(exported / "reference.safetensors"))["images"][:1]
+        want = python_depth(images, torch.tensor(good, dtype=torch.float32)[None])[0].numpy()
+        assert_close(out[:, 2], want, *tolerance(exported))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.binary(min_size=0, max_size=300),
+                      st.integers(8, 200).map(lambda n: b"\x89PNG\r\n\x1a\n" + bytes(range(256))[:n]),
+                      st.just(b"")))
+def test_image_reader_fails_cleanly_on_garbage(runner, exported, tmp_path, data):
+    """Random bytes, truncated PNGs and empty files as --image: one clear line and exit 1."""
+    (tmp_path / "img.png").write_bytes(data)
+    (tmp_path / "pts.csv").write_text("1,2\n")
+    proc = run(runner, "--manifest", exported / "manifest.json", "--image", tmp_path / "img.png",
+               "--points", tmp_path / "pts.csv", timeout=120)
+    assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("depthpack_run: error: ") and "image" in err[0], proc.stderr
+
+
 # ---- CUDA (the H200 through the device tool) ----------------------------------------------------------
 @pytest.mark.gpu
 def test_cuda_graph_equals_no_graph_and_reference(runner, tmp_path):

@@ -98,3 +98,42 @@ def test_truncated_checkpoint_falls_back_to_previous(tmp_path):
     assert d == list_checkpoints(run)[-2]
     with pytest.warns(UserWarning, match=str(w.name)):
         load_model(run)  # loads the previous one, says which file was bad
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_soak_10000_calls_equal_eager_no_recompile_flat_memory():
+    """10,000 calls of random query counts across the buckets and chunks beyond them, through the
+    compiled Predictor (aot_eager on the CPU: Inductor there costs ~50 s a bucket; the Inductor and
+    CUDA-graph version runs on the H200 in tests/test_predictor.py): every answer equals the eager
+    model's, nothing recompiles after warmup, and the process memory stays flat."""
+    from conftest import randomize_
+    from depthpack import create_model
+    from depthpack.predictor import Predictor, compile_counter
+
+    torch.set_num_threads(1)
+    model = randomize_(create_model("tiny")).eval()
+    pred = Predictor(model, device="cpu", backend="compile", batch_size=1, compile_backend="aot_eager")
+    pred.warmup()
+    g = torch.Generator().manual_seed(3)
+    sets = []
+    for q in [1, 5, 8, 9, 16, 17, 31, 33, 63, 64, 65, 100, 128, 129, 150, 200]:
+        images, points = torch.rand(1, 3, 64, 64, generator=g), torch.rand(1, q, 2, generator=g) * 63.999
+        with torch.no_grad():
+            sets.append((images, points, model(images, points)))
+    for images, points, _ in sets:  # every chunk shape once, then count
+        pred.predict(images, points)
+    compiles, rss0 = compile_counter(), _rss_bytes()
+    order = torch.randint(0, len(sets), (10_000,), generator=g).tolist()
+    for i in order:
+        images, points, ref = sets[i]
+        got = pred.predict(images, points)
+        assert got.shape == ref.shape
+        assert (got - ref).abs().max() <= 1e-5
+    assert compile_counter() == compiles, "recompiled after warmup"
+    growth = _rss_bytes() - rss0
+    assert growth < 32 * 2**20, f"memory grew by {growth / 2**20:.1f} MiB over 10,000 calls"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import BadSample, SkippingDataset, log, make_sample, split_range
+from .common import BadSample, SkippingDataset, log, make_sample
 from .formats import read_depth, read_rgb
 from .synthetic import render
 

@@ -1,0 +1,192 @@
+"""The main job end to end on the embedded default (`make demo`):
+
+    1. render synthetic scenes and train configs/demo.yaml          (train/train.py)
+    2. accuracy of the packed, masked and dense paths, held-out      (python -m depthpack.evaluate)
+    3. export .pt2 packages + ONNX, build the C++ runner, check it   (export/export.py, deploy_cpp/)
+    4. latency of masked vs packed (CPU rows; GPU rows on a GPU)     (python -m depthpack.bench)
+    5. runs/demo/report.md with the tables, the figures and how long each step took
+
+Each step runs the same command a user would type, as a child process whose output is shown and
+kept in OUT/logs/STEP.log; a failing step stops the demo with one line naming the step and its log.
+A second `make demo` resumes training from its last checkpoint (done: nothing to redo) and reruns
+the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+def run_step(name: str, cmd: list[str], logs: Path, env: dict | None = None) -> float:
+    """Run cmd from the repository root, tee its output to logs/NAME.log; return seconds taken."""
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{name}.log"
+    print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # progress bars pass through as they come
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            f.write(chunk.decode(errors="replace"))
+        rc = proc.wait()
+    dt = time.perf_counter() - t0
+    if rc != 0:
+        raise StepFailed(f"step '{name}' failed (exit {rc}) after {dt:.0f} s; see {log}")
+    print(f"=== {name}: done in {dt:.1f} s", flush=True)
+    return dt
+
+
+def last_json(log: Path) -> dict:
+    """The last line of a log that parses as a JSON object (the CLIs end their output with one)."""
+    for line in reversed(log.read_text().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return {}
+
+
+def build_runner(build_dir: Path, logs: Path) -> tuple[Path, float]:
+    """Configure and build deploy_cpp/ against the installed torch; returns the binary and seconds."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise StepFailed("cmake not found: install CMake >= 3.18 to build the C++ runner")
+    dt = run_step("cpp_configure", [cmake, "-S", "deploy_cpp", "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"], logs)
+    dt += run_step("cpp_build", [cmake, "--build", str(build_dir), "-j", str(os.cpu_count() or 2)], logs)
+    binary = build_dir / "depthpack_run"
+    if not binary.is_file():
+        raise StepFailed(f"the build finished but {binary} is missing; see {logs / 'cpp_build.log'}")
+    return binary, dt
+
+
+def selection_png(ckpt: Path, out: Path) -> Path:
+    """Which tokens the packer selected for one held-out image, with its anchors."""
+    from .checkpoint import load_model, stored_data_config
+    from .data import make_dataset, sample_queries
+    from .viz import selection_figure
+
+    model = load_model(ckpt).eval()
+    data = stored_data_config(ckpt)
+    mc = model.cfg
+    ds = make_dataset(data, "val", mc.img_size, mc.min_depth, mc.max_depth)
+    sample = ds[0]
+    q = max(1, mc.buckets[len(mc.buckets) // 2] // 2)
+    pts = sample_queries(sample["valid"], sample["image"], q, torch.Generator().manual_seed(0))
+    return selection_figure(out / "selection.png", model, sample["image"], pts)
+
+
+def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
+    rel = lambda p: os.path.relpath(p, out)  # noqa: E731
+    lines = ["# depthpack demo report", "",
+             f"Machine: {info['machine']}. torch {torch.__version__}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "",
+             "## Time per step", "", "| step | seconds |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in times.items()]
+    lines += [f"| **total** | **{sum(times.values()):.1f}** |", ""]
+    train = info.get("train", {})
+    if train:
+        lines += ["## Training", "", f"`configs/demo.yaml`: {json.dumps(train)}", ""]
+    if (out / "eval" / "eval.md").is_file():
+        lines += ["## Accuracy on held-out synthetic scenes (packed vs masked vs dense)", "",
+                  (out / "eval" / "eval.md").read_text().strip(), ""]
+        lines += [f"![depth]({rel(p)})" for p in sorted((out / "eval").glob("eval*.png"))] + [""]
+    if (out / "selection.png").is_file():
+        lines += ["## What the packer selected", "", f"![selection]({rel(out / 'selection.png')})", ""]
+    lines += ["## Deployment: AOTInductor packages and the C++ runner", "", info.get("export", "not run"), ""]
+    if info.get("cpp"):
+        lines += ["```", info["cpp"].strip(), "```", ""]
+    bench_md = sorted((out / "bench").glob("*.md"))
+    if bench_md:
+        lines += ["## Latency: masked vs packed", ""] + [p.read_text().strip() for p in bench_md] + [""]
+        lines += [f"![latency]({rel(p)})" for p in sorted((out / "bench").glob("*.png"))] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(prog="python -m depthpack.demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/demo", help="output folder (report.md lands here)")
+    ap.add_argument("--config", default="configs/demo.yaml")
+    ap.add_argument("--skip", nargs="*", default=[], choices=("train", "eval", "export", "cpp", "bench"),
+                    help="steps to skip (their earlier outputs are reused where present)")
+    a = ap.parse_args(argv)
+    out = (ROOT / a.out).resolve() if not Path(a.out).is_absolute() else Path(a.out)
+    logs = out / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    info = {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores"
+            + (f", {torch.cuda.get_device_name(0)}" if cuda else ", no GPU")}
+    times: dict[str, float] = {}
+    ckpt = out / "train"
+
+    if "train" not in a.skip:
+        times["train"] = run_step("train", [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"], logs)
+        info["train"] = last_json(logs / "train.log")
+    if "eval" not in a.skip:
+        times["evaluate"] = run_step("evaluate", [py, "-m", "depthpack.evaluate", "--checkpoint", str(ckpt),
+                                                  "--out", str(out / "eval"), "--queries", "16", "64", "256"], logs)
+        t0 = time.perf_counter()
+        selection_png(ckpt, out)
+        times["selection figure"] = time.perf_counter() - t0
+    export_dir = out / "export"
+    if "export" not in a.skip:
+        times["export (.pt2 + ONNX)"] = run_step("export", [py, "export/export.py", "--checkpoint", str(ckpt), "--out",
+                                                            str(export_dir), "--device", device, "--onnx"], logs)
+        info["export"] = (f"Packages, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the manifest the "
+                          "export ran each package against eager on fresh inputs and on the reference (log: "
+                          f"`{rel_to(logs / 'export.log', out)}`).")
+    if "cpp" not in a.skip:
+        binary, dt = build_runner(out / "cpp_build", logs)
+        times["C++ runner build"] = dt
+        man = export_dir / "manifest.json"
+        times["C++ runner parity"] = run_step("cpp_check", [str(binary), "--manifest", str(man),
+                                                            "--image", str(export_dir / "reference.png"),
+                                                            "--points", str(export_dir / "reference_points.csv"),
+                                                            "--out", str(out / "cpp_depths.csv"),
+                                                            "--check", str(export_dir / "reference.safetensors"),
+                                                            "--bench", "50"], logs)
+        info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
+    if "bench" not in a.skip:
+        cmd = [py, "-m", "depthpack.bench", "--checkpoint", str(ckpt), "--device", device, "--out", str(out / "bench"),
+               "--queries", "16,64,256", "--seconds", "0.2", "--repeats", "2"]
+        if cuda:  # the GPU ladder of the trained model; on CPU, the eager rows (no CUDA graphs there)
+            cmd += ["--batch", "1"]
+        times["latency benchmark"] = run_step("bench", cmd, logs)
+    report = write_report(out, times, info)
+    print(f"\nreport: {report}")
+    return report
+
+
+def rel_to(path: Path, base: Path) -> str:
+    return os.path.relpath(path, base)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (StepFailed, ValueError) as e:
+        print(f"demo: {e}", file=sys.stderr)
+        sys.exit(1)
