@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from .aoti import FORMAT, run_chunked, sha256_file, within
 from .config import PRESETS, ModelConfig, model_config, to_dict
-from .model import DepthPack, create_model
+from .model import DepthPack, create_model, random_weights_
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # |package - eager| <= atol + rtol * |eager|, depth in meters. float32 packages differ from eager only by
@@ -87,23 +87,6 @@ class ExportOptions:
 
 
 # ---- model ----------------------------------------------------------------------------------------
-def random_weights_(model: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
-    """Seeded random weights of a sensible size, so attention between tokens really matters (timm's
-    init with LayerScale 1e-5 makes the blocks near-identities, which would let parity pass vacuously)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * scale / p[0].numel() ** 0.5)
-            elif name.endswith("gamma"):  # LayerScale
-                p.fill_(1.0)
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return model
-
-
 def preset_of(cfg: ModelConfig) -> str | None:
     """The preset whose config this is (ignoring the bucket ladder and the backbone file), else None."""
     def key(c: ModelConfig) -> dict:

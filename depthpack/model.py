@@ -293,6 +293,26 @@ def load_backbone_weights(backbone: VisionTransformer, path: str | Path) -> None
         raise ValueError(f"backbone_weights {path}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:5]}")
 
 
+def random_weights_(model: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
+    """Seeded random weights of a sensible size, in place, for tests and `export --preset`.
+
+    timm's init with LayerScale 1e-5 makes the blocks near-identities, which would let a broken mask,
+    a wrong selection or a parity check pass vacuously; here attention between tokens really matters.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * scale / p[0].numel() ** 0.5)
+            elif name.endswith("gamma"):  # LayerScale
+                p.fill_(1.0)
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
 def create_model(preset: str | ModelConfig = "vits", **overrides) -> DepthPack:
     """create_model('tiny'), create_model('vits', anchor_grid=4), or create_model(ModelConfig(...))."""
     cfg = preset if isinstance(preset, ModelConfig) else model_config(preset, **overrides)

@@ -17,22 +17,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> torch.nn.Module:
-    """Give every parameter a fresh random value of a sensible size, so that attention between tokens
-    really matters (timm's init with LayerScale 1e-5 makes blocks nearly the identity, which would let
-    a broken mask or a wrong selection pass unnoticed)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) * scale / fan_in**0.5)
-            elif name.endswith("gamma"):  # LayerScale
-                p.fill_(1.0)
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return model
+    """Fresh random weights of a sensible size (depthpack.model.random_weights_): with timm's init
+    (LayerScale 1e-5) the blocks are nearly the identity, which would let a broken mask or a wrong
+    selection pass unnoticed."""
+    from depthpack.model import random_weights_
+
+    return random_weights_(model, seed, scale)
 
 
 @pytest.fixture
