@@ -16,18 +16,17 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from .. import preprocess
 from .common import BadSample
 
 
 def read_rgb(path) -> np.ndarray:
-    """uint8 RGB [h,w,3] (JPEG, PNG, PPM, ... whatever OpenCV decodes)."""
-    path = Path(path)
-    if not path.is_file():
-        raise BadSample(path, "no such file")
-    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    if bgr is None:
-        raise BadSample(path, "cannot be decoded as an image (corrupt or not an image)")
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    """uint8 RGB [h,w,3] (JPEG, PNG, PPM, ... whatever OpenCV decodes): the same decode as inference
+    (depthpack.preprocess.read_rgb), with a bad file reported as a skippable BadSample."""
+    try:
+        return preprocess.read_rgb(path)
+    except ValueError as e:  # "image PATH: reason"
+        raise BadSample(path, str(e).split(": ", 1)[-1]) from None
 
 
 def decode_uint16(raw: np.ndarray, scale: float, decode: str = "linear",
