@@ -42,6 +42,8 @@ from typing import Callable
 
 import torch
 
+from .packing import chunk_plan
+
 FORMAT = "depthpack-manifest/1"
 Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -225,14 +227,11 @@ def run_chunked(runners: dict[int, Runner], images: torch.Tensor, points: torch.
     """depth [B,Q] for any Q: chunks of at most the largest bucket, in order; each chunk runs on the
     smallest bucket >= its size, padded with copies of that chunk's first point (per image), and the
     padded results are dropped. The same rule as the C++ runner and the reference file."""
-    buckets = sorted(runners)
     B, Q = points.shape[:2]
-    kmax = buckets[-1]
     outs = []
-    for s in range(0, Q, kmax):
-        chunk = points[:, s:s + kmax]  # [B,q,2]
-        q = chunk.shape[1]
-        k = next(b for b in buckets if b >= q)
+    for s, e, k in chunk_plan(Q, tuple(sorted(runners))):
+        chunk = points[:, s:e]  # [B,q,2]
+        q = e - s
         if k > q:
             chunk = torch.cat([chunk, chunk[:, :1].expand(B, k - q, 2)], dim=1)  # [B,k,2]
         outs.append(runners[k](images, chunk.contiguous())[:, :q])

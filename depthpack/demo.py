@@ -97,7 +97,6 @@ def selection_png(ckpt: Path, out: Path) -> Path:
 
 
 def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
-    rel = lambda p: os.path.relpath(p, out)  # noqa: E731
     lines = ["# depthpack demo report", "",
              f"Machine: {info['machine']}. torch {torch.__version__}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "",
              "## Time per step", "", "| step | seconds |", "| --- | --- |"]
@@ -109,16 +108,16 @@ def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
     if (out / "eval" / "eval.md").is_file():
         lines += ["## Accuracy on held-out synthetic scenes (packed vs masked vs dense)", "",
                   (out / "eval" / "eval.md").read_text().strip(), ""]
-        lines += [f"![depth]({rel(p)})" for p in sorted((out / "eval").glob("eval*.png"))] + [""]
+        lines += [f"![depth]({rel_to(p, out)})" for p in sorted((out / "eval").glob("eval*.png"))] + [""]
     if (out / "selection.png").is_file():
-        lines += ["## What the packer selected", "", f"![selection]({rel(out / 'selection.png')})", ""]
+        lines += ["## What the packer selected", "", f"![selection]({rel_to(out / 'selection.png', out)})", ""]
     lines += ["## Deployment: AOTInductor packages and the C++ runner", "", info.get("export", "not run"), ""]
     if info.get("cpp"):
         lines += ["```", info["cpp"].strip(), "```", ""]
     bench_md = sorted((out / "bench").glob("*.md"))
     if bench_md:
         lines += ["## Latency: masked vs packed", ""] + [p.read_text().strip() for p in bench_md] + [""]
-        lines += [f"![latency]({rel(p)})" for p in sorted((out / "bench").glob("*.png"))] + [""]
+        lines += [f"![latency]({rel_to(p, out)})" for p in sorted((out / "bench").glob("*.png"))] + [""]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

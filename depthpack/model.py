@@ -20,7 +20,8 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from .config import ModelConfig, model_config
-from .packing import key_mask_from_index, patch_of_points, select_tokens, spread_priority, spread_ranks
+from .packing import (bucket_for, chunk_plan, key_mask_from_index, patch_of_points, select_tokens, spread_priority,
+                      spread_ranks)
 from .validation import check_inputs
 
 
@@ -112,19 +113,23 @@ class DepthPack(nn.Module):
             pos = resample_abs_pos_embed(pos, new_size=(gh, gw), old_size=self.cfg.grid, num_prefix_tokens=0)
         return pos
 
+    def patch_linear(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """timm's patch-embedding Conv2d(3, D, p, stride p) as a Linear over (c, i, j): ([D,3pp], [D])."""
+        proj = self.backbone.patch_embed.proj
+        return proj.weight.reshape(proj.weight.shape[0], -1), proj.bias
+
     def embed_patches(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Patch-embed only the selected patches. x [B,3,H,W] normalized, index [B,K] -> [B,K,D]."""
         B, C, H, W = x.shape
         p = self.cfg.patch_size
         gh, gw = H // p, W // p
-        proj = self.backbone.patch_embed.proj  # Conv2d(3, D, p, stride p) == Linear over (c, i, j)
+        weight, bias = self.patch_linear()
         if self.fused_embed:  # same computation in one Triton kernel; torch reference below
             from .kernels.patch_embed import fused_patch_embed
-            return fused_patch_embed(x, index, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias,
-                                     self.patch_pos(gh, gw)[0], p)
+            return fused_patch_embed(x, index, weight, bias, self.patch_pos(gh, gw)[0], p)
         patches = patchify(x, p)  # [B,N,3pp]
         picked = torch.gather(patches, 1, index.unsqueeze(-1).expand(-1, -1, C * p * p))  # [B,K,3pp]
-        tok = F.linear(picked, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias)
+        tok = F.linear(picked, weight, bias)
         pos = self.patch_pos(gh, gw).expand(B, -1, -1)
         return tok + torch.gather(pos, 1, index.unsqueeze(-1).expand(-1, -1, pos.shape[-1]))
 
@@ -139,15 +144,14 @@ class DepthPack(nn.Module):
         thumb = F.avg_pool2d(x, (kh, kw)) if (kh, kw) != (1, 1) else x  # box filter against aliasing
         if thumb.shape[-2:] != (side, side):
             thumb = F.interpolate(thumb, size=(side, side), mode="bilinear", align_corners=False)
-        proj = self.backbone.patch_embed.proj
+        weight, bias = self.patch_linear()
         if self.fused_embed:  # the same embedding through the Triton kernel (cuDNN's conv here is slow)
             from .kernels.patch_embed import fused_patch_embed
             index = torch.arange(g * g, device=x.device).expand(B, g * g).contiguous()
-            return fused_patch_embed(thumb.contiguous(), index, proj.weight.reshape(proj.weight.shape[0], -1),
-                                     proj.bias, self.anchor_pos[0], p)
+            return fused_patch_embed(thumb.contiguous(), index, weight, bias, self.anchor_pos[0], p)
         # the patch-embedding conv as a matmul over the thumbnail's patches: the same function, and a
         # plain GEMM where cuDNN picked a slow conv kernel for this shape (58.6 us of ~500 on the H200)
-        tok = F.linear(patchify(thumb, p), proj.weight.reshape(proj.weight.shape[0], -1), proj.bias)  # [B,A,D]
+        tok = F.linear(patchify(thumb, p), weight, bias)  # [B,A,D]
         return tok + self.anchor_pos
 
     def prefix(self, x: torch.Tensor) -> torch.Tensor:
@@ -255,18 +259,14 @@ class DepthPack(nn.Module):
 
     def capacity_for(self, q: int) -> int:
         """The smallest bucket that holds q queries (q <= the largest bucket); from q alone."""
-        for b in self.cfg.buckets:
-            if b >= q:
-                return b
-        raise ValueError(f"{q} queries exceed the largest bucket {self.cfg.buckets[-1]}; chunk them")
+        return bucket_for(q, self.cfg.buckets)
 
     def chunked(self, fn, images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
         """Run fn(images, chunk, capacity) over chunks of at most the largest bucket; same anchors each."""
         B, Q = points.shape[:2]
         if Q == 0:
             return torch.zeros(B, 0, device=images.device)
-        kmax = self.cfg.buckets[-1]
-        outs = [fn(images, points[:, s:s + kmax], self.capacity_for(min(kmax, Q - s))) for s in range(0, Q, kmax)]
+        outs = [fn(images, points[:, s:e], k) for s, e, k in chunk_plan(Q, self.cfg.buckets)]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 

@@ -21,8 +21,8 @@ QUERY, NEIGHBOUR, CONTEXT = 3.0, 2.0, 1.0
 
 
 @lru_cache(maxsize=None)
-def _spread_order(gh: int, gw: int) -> tuple[float, ...]:
-    """A value in [0, 1) per patch (row-major), largest first = most spread-out prefix.
+def _spread_order(gh: int, gw: int) -> tuple[int, ...]:
+    """A distinct rank k in [0, N) per patch (row-major), largest = most spread-out prefix.
 
     Bit-reversal (van der Corput) ranks along each axis, interleaved: any prefix of the order covers
     the grid roughly uniformly, so leftover capacity samples context evenly over the image.
@@ -40,21 +40,36 @@ def _spread_order(gh: int, gw: int) -> tuple[float, ...]:
     n = gh * gw
     key = [(max(ry[y], rx[x]), ry[y], rx[x]) for y in range(gh) for x in range(gw)]
     order = sorted(range(n), key=lambda i: key[i])  # earliest = most spread
-    value = [0.0] * n
+    rank = [0] * n
     for r, i in enumerate(order):
-        value[i] = (n - 1 - r) / n  # distinct, in [0, 1)
-    return tuple(value)
+        rank[i] = n - 1 - r  # distinct; spread = rank / N in [0, 1)
+    return tuple(rank)
 
 
 def spread_ranks(gh: int, gw: int, device=None) -> torch.Tensor:
     """[gh*gw] int64 k with spread = k / N; integers survive any dtype cast of a module exactly."""
-    n = gh * gw
-    return torch.tensor([round(v * n) for v in _spread_order(gh, gw)], dtype=torch.long, device=device)
+    return torch.tensor(_spread_order(gh, gw), dtype=torch.long, device=device)
 
 
 def spread_priority(gh: int, gw: int, device=None) -> torch.Tensor:
     """[gh*gw] float32 in [0, 1), distinct; a compile-time constant of the grid."""
     return spread_ranks(gh, gw, device).float() / (gh * gw)
+
+
+def bucket_for(q: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds q queries (q <= the largest bucket); from q alone, no sync."""
+    for b in buckets:
+        if b >= q:
+            return b
+    raise ValueError(f"{q} queries exceed the largest bucket {buckets[-1]}; chunk them")
+
+
+def chunk_plan(q: int, buckets: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(start, end, capacity) of each chunk of q queries: at most the largest bucket each, in order,
+    each on the smallest bucket that holds it. The one rule of Python (model, Predictor, aoti) and
+    of the C++ runner."""
+    kmax = buckets[-1]
+    return [(s, min(q, s + kmax), bucket_for(min(kmax, q - s), buckets)) for s in range(0, q, kmax)]
 
 
 def patch_of_points(points: torch.Tensor, patch_size: int, grid: tuple[int, int]) -> torch.Tensor:

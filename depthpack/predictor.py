@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 
+from .packing import bucket_for, chunk_plan
 from .validation import as_points, check_images, check_points_in_image
 
 BACKENDS = ("eager", "compile", "graph", "compile+graph", "aoti")
@@ -163,15 +164,11 @@ class Predictor:
     # ---- buckets --------------------------------------------------------------------------------
     def capacity_for(self, q: int) -> int:
         """The smallest bucket >= q (q <= the largest bucket), from q alone: no device sync."""
-        for b in self.buckets:
-            if b >= q:
-                return b
-        raise ValueError(f"{q} queries exceed the largest bucket {self.buckets[-1]}; chunk them")
+        return bucket_for(q, self.buckets)
 
     def chunks(self, q: int) -> list[tuple[int, int, int]]:
         """(start, end, capacity) of each chunk: at most the largest bucket each, in order."""
-        kmax = self.buckets[-1]
-        return [(s, min(q, s + kmax), self.capacity_for(min(kmax, q - s))) for s in range(0, q, kmax)]
+        return chunk_plan(q, self.buckets)
 
     @property
     def static_batch(self) -> bool:
