@@ -5,7 +5,9 @@
 
 Rows (a ladder; --rows selects): dense / masked eager and graph (the mask has a fixed shape, so it is
 captured too), packed eager / compile / graph / compile+graph through depthpack.Predictor, the
-ablations packed reduce-overhead and +kernel (the Triton gather+embed kernel on), and Depth Anything
+ablations packed reduce-overhead (Inductor's cudagraph trees), packed autotune+graph (max-autotune-no-
+cudagraphs: Triton GEMM templates with fused epilogues; opt-in, about 100 s of compile per bucket) and
++kernel (the Triton gather+embed kernel on), and Depth Anything
 V2 Small's architecture (transformers, random weights, same image size, sampled at the same points).
 
 Protocol: warmup (compile and capture) excluded and reported apart; each call timed with CUDA events
@@ -38,11 +40,12 @@ from .packing import patch_of_points
 from .predictor import Predictor, compile_counter
 
 GRAPH_ROWS = ("dense-graph", "masked-graph", "packed-graph", "packed-compile+graph", "packed-reduce-overhead",
-              "packed-graph+kernel", "packed-compile+graph+kernel", "dav2-graph", "dav2-compile+graph")
+              "packed-autotune+graph", "packed-graph+kernel", "packed-compile+graph+kernel", "dav2-graph", "dav2-compile+graph")
 ALL_ROWS = ("dense-eager", "dense-graph", "masked-eager", "masked-graph", "packed-eager", "packed-compile",
-            "packed-graph", "packed-compile+graph", "packed-reduce-overhead", "packed-graph+kernel",
-            "packed-compile+graph+kernel", "dav2-eager", "dav2-graph", "dav2-compile+graph")
-DEFAULT_GPU_ROWS = tuple(r for r in ALL_ROWS if r not in ("packed-reduce-overhead", "packed-compile+graph+kernel"))
+            "packed-graph", "packed-compile+graph", "packed-reduce-overhead", "packed-autotune+graph",
+            "packed-graph+kernel", "packed-compile+graph+kernel", "dav2-eager", "dav2-graph", "dav2-compile+graph")
+DEFAULT_GPU_ROWS = tuple(r for r in ALL_ROWS if r not in ("packed-reduce-overhead", "packed-autotune+graph",
+                                                           "packed-compile+graph+kernel"))
 DEFAULT_CPU_ROWS = ("dense-eager", "masked-eager", "packed-eager", "dav2-eager")
 
 
@@ -217,9 +220,12 @@ class Rows:
             m = copy.deepcopy(self.model)
             backend = {"packed-eager": "eager", "packed-compile": "compile", "packed-graph": "graph",
                        "packed-compile+graph": "compile+graph", "packed-reduce-overhead": "compile+graph",
+                       "packed-autotune+graph": "compile+graph",
                        "packed-graph+kernel": "graph", "packed-compile+graph+kernel": "compile+graph",
                        "packed-eager+kernel": "eager", "packed-compile+kernel": "compile"}[name]
-            mode = "reduce-overhead" if name == "packed-reduce-overhead" else self.args.compile_mode
+            mode = {"packed-reduce-overhead": "reduce-overhead",  # Inductor's own cudagraph trees
+                    "packed-autotune+graph": "max-autotune-no-cudagraphs",  # Triton GEMM templates + epilogues
+                    }.get(name, self.args.compile_mode)
             self.preds[name] = Predictor(m, device=self.device, dtype=self.dtype, backend=backend,
                                          batch_size=self.B, compile_mode=mode, validate=False, fused_embed=kernel,
                                          cache_dir=self.args.cache_dir)

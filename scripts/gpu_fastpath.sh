@@ -4,6 +4,8 @@
 #   PART=tests OUT=DIR bash scripts/gpu_fastpath.sh   # GPU tests only (about 2.5 min)
 #   PART=bench OUT=DIR bash scripts/gpu_fastpath.sh   # profile, compile time, ablations, sweep (about 8 min)
 #   QUICK=1 ...                                       # bench: the two target points only
+#   PART=targets OUT=DIR bash scripts/gpu_fastpath.sh # compile-time table + the rows at the two target
+#                                                     # points (B1 Q256, B8 Q512) + the max-autotune row
 # Leaves 5 files, docs-ready: $OUT/bench/{bench.json,bench.md,bench.png,profile.md} and $OUT/fastpath.log.
 # Every step has its own time limit, and the sweep rewrites its outputs after each batch size, so a slow
 # step cannot take the other steps' results with it.
@@ -65,6 +67,25 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
       --out "$OUT/bench" $MERGE 2>&1 | quiet | tee -a "$LOG"
   fi
   if [ ! -f "$OUT/bench/bench.json" ] && [ -f "$WORK/abl8/bench.json" ]; then cp "$WORK/abl8"/bench.* "$OUT/bench/"; fi
+fi
+if [ "$PART" = targets ]; then  # each step merges the one before and leaves its result in $OUT/bench
+  keep() { [ -f "$WORK/$1/bench.json" ] && cp "$WORK/$1"/bench.* "$OUT/bench/" && MERGE="--merge-from $WORK/$1"; true; }
+  MERGE=""
+  step "compile time per bucket: cold (empty cache) and warm (second process), vits bf16 batch 1, compile+graph"
+  timeout ${CT_S:-200} $BENCH --rows none --batch 1 --compile-time --out "$WORK/ct" 2>&1 | quiet | tail -12 | tee -a "$LOG"
+  keep ct
+  ROWS="dense-eager,dense-graph,masked-eager,masked-graph,packed-eager,packed-compile,packed-graph,packed-compile+graph"
+  step "the target points: B1 Q256 and B8 Q512"
+  timeout ${PTS_S:-100} $BENCH --batch 1 --queries 256 --rows "$ROWS" --seconds 0.2 --out "$WORK/b1" $MERGE \
+    2>&1 | quiet | tail -3 | tee -a "$LOG"
+  keep b1
+  timeout ${PTS_S:-100} $BENCH --batch 8 --queries 512 --rows "$ROWS" --seconds 0.2 --out "$WORK/b8" $MERGE \
+    2>&1 | quiet | tail -3 | tee -a "$LOG"
+  keep b8
+  step "max-autotune (opt-in) at B1 Q256"
+  timeout ${AT_S:-150} $BENCH --batch 1 --queries 256 --rows packed-autotune+graph --seconds 0.2 --out "$WORK/at" \
+    $MERGE 2>&1 | quiet | tee -a "$LOG"
+  keep at
 fi
 step "done"
 rm -rf "$WORK"
