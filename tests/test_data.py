@@ -352,3 +352,33 @@ def test_real_folder_formats(tmp_path, sub, line, kw, want):
     frac, lo, hi = depth_stats(s)
     assert frac == pytest.approx(want[0], abs=6e-4) and lo == pytest.approx(want[1], abs=6e-4)
     assert hi == pytest.approx(want[2], abs=6e-4)
+
+
+def test_fixed_rig_is_one_camera_over_the_same_scenes():
+    import math
+
+    fixed = [render(0, i, (32, 48), "mixed", rig="fixed") for i in range(6)]
+    varied = [render(0, i, (32, 48), "mixed") for i in range(6)]
+    assert all(np.array_equal(s["K"], fixed[0]["K"]) for s in fixed)  # one lens
+    assert len({float(s["K"][0, 0]) for s in varied}) > 1  # varied: a lens per scene
+    assert [s["scene"] for s in fixed] == [s["scene"] for s in varied]  # the same draws, the same scenes
+    r = syn.FIXED_RIG
+    for i in range(10):
+        for make in (syn.indoor_scene, syn.outdoor_scene):
+            _, cam = make(np.random.default_rng(i), 32, 32, "fixed")
+            pitch = math.asin(-cam.R[1, 2])  # R's third column is the forward direction
+            assert abs(cam.origin[1] - r["height"]) <= r["jitter_height"] + 1e-9
+            assert abs(pitch - r["pitch"]) <= r["jitter_pitch"] + 1e-6
+    with pytest.raises(ValueError, match="rig='robot' is not one of"):
+        DataConfig(rig="robot")
+
+
+def test_prefill_renders_the_same_scenes_in_processes():
+    cfg = DataConfig(kind="synthetic", scene="mixed", rig="fixed", num_samples=6, seed=2, cache=True)
+    pre = make_dataset(cfg, "train", (32, 32), 0.5, 80.0)
+    pre.prefill(processes=2)
+    assert len(pre._cache) == 6
+    lazy = make_dataset(cfg, "train", (32, 32), 0.5, 80.0)
+    for i in range(6):
+        a, b = pre[i], lazy[i]
+        assert a["name"] == b["name"] and all(torch.equal(a[k], b[k]) for k in ("image", "depth", "valid"))

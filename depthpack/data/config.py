@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 KINDS = ("synthetic", "nyu_mat", "nyu", "kitti", "folder")
 SCENES = ("indoor", "outdoor", "mixed")
+RIGS = ("varied", "fixed")  # synthetic camera rigs (see depthpack.data.synthetic.FIXED_RIG)
 CROPS = (None, "eigen_nyu", "garg", "eigen_kitti")
 RESIZES = ("resize", "center_crop")
 DECODES = ("linear", "sunrgbd", "middlebury")
@@ -52,6 +53,7 @@ class DataConfig:
     decode: str = "linear"  # "linear" (value / depth_scale) | "sunrgbd" (bit-rotated mm) | "middlebury" (PFM disparity + calib.txt)
     invalid_raw: tuple[int, ...] = (0, 65535)  # raw uint16 values meaning "no measurement" (65535: 7-Scenes)
     scene: str = "indoor"  # synthetic: "indoor" | "outdoor" | "mixed"
+    rig: str = "varied"  # synthetic camera: "varied" (lens/height/tilt drawn per scene) | "fixed" (one robot's)
     num_samples: int = 2000  # synthetic: size of the train split
     num_val: int = 64  # synthetic: size of the val split; nyu_mat without split_file: the last num_val images
     cache: bool = False  # synthetic: keep rendered samples in memory (per process), so later epochs cost nothing
@@ -64,7 +66,7 @@ class DataConfig:
         if isinstance(self.invalid_raw, (list, tuple)):
             self.invalid_raw = tuple(int(v) for v in self.invalid_raw)
         problems = []
-        for name, allowed in (("kind", KINDS), ("scene", SCENES), ("eval_crop", CROPS),
+        for name, allowed in (("kind", KINDS), ("scene", SCENES), ("rig", RIGS), ("eval_crop", CROPS),
                               ("resize", RESIZES), ("decode", DECODES), ("image_interp", INTERPS)):
             if getattr(self, name) not in allowed:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {allowed}")

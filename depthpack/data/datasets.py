@@ -38,15 +38,40 @@ class SyntheticDataset(SkippingDataset):
     def describe(self) -> str:
         return f"synthetic {self.cfg.scene} {self.split} (seed {self.cfg.seed}, {self.n} scenes)"
 
+    def _render(self, i: int) -> dict:
+        return render(self.cfg.seed, i, self.size, self.cfg.scene, self.split, rig=self.cfg.rig)
+
+    def _sample(self, i: int, r: dict) -> dict:
+        name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
+        return make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name)
+
     def load(self, i: int) -> dict:
         if i in self._cache:
             return dict(self._cache[i])
-        r = render(self.cfg.seed, i, self.size, self.cfg.scene, self.split)
-        name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
-        s = make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name)
+        s = self._sample(i, self._render(i))
         if self.cfg.cache:
             self._cache[i] = s
         return dict(s)
+
+    def prefill(self, processes: int, progress: bool = False) -> None:
+        """Render every scene into the cache now, in `processes` forked processes (the same bytes as
+        rendering each on first use; numpy arrays travel back, the tensors are made here)."""
+        import multiprocessing as mp
+
+        from tqdm import tqdm
+
+        todo = [i for i in range(self.n) if i not in self._cache]
+        bar = tqdm(total=len(todo), desc="render scenes", disable=not progress, dynamic_ncols=True)
+        if processes > 1 and len(todo) > 1 and "fork" in mp.get_all_start_methods():
+            with mp.get_context("fork").Pool(processes) as pool:
+                for i, r in zip(todo, pool.imap(self._render, todo, chunksize=32)):
+                    self._cache[i] = self._sample(i, r)
+                    bar.update(1)
+        else:
+            for i in todo:
+                self._cache[i] = self._sample(i, self._render(i))
+                bar.update(1)
+        bar.close()
 
 
 class PairsDataset(SkippingDataset):

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .config import RIGS
+
 F = np.float32  # ray arrays: exact analytic hits, float32 rounding only (within 2e-6 relative of float64, tested)
 EPS = 1e-6
 INF = np.inf
@@ -335,7 +337,32 @@ def _tiles(rng, n=3, T=32):
     return [rng.random((T, T), dtype=np.float32) for _ in range(n)]
 
 
-def indoor_scene(rng: np.random.Generator, H: int, W: int) -> tuple[Scene, Camera]:
+# The camera. "varied": field of view, mount height, pitch and roll drawn per scene, as in a data set
+# pooled from many cameras; metric depth from one image is then ambiguous up to those draws (about
+# +-25% from the height alone). "fixed": one robot's camera, a known lens at a known mount height and
+# tilt (as NYU's Kinect or KITTI's car), with a little jitter from the robot's motion; metric depth is
+# then well posed from the image. Both draw the same random numbers, so the scenes are the same.
+FIXED_RIG = dict(hfov_deg=70.0, height=1.4, pitch=0.1, jitter_height=0.01, jitter_pitch=0.01, jitter_roll=0.01)
+
+
+def _camera(rng_vals: tuple[float, float, float, float], pos: np.ndarray, ranges, rig: str, H: int, W: int) -> Camera:
+    """look_camera from the drawn (yaw, pitch, roll, hfov) and pos, or the fixed rig's remap of them."""
+    yaw, pitch, roll, hfov = rng_vals
+    if rig == "fixed":
+        def jit(v, lo, hi, centre, j):  # the same draw, squeezed to centre +- j
+            return centre + j * (2.0 * (v - lo) / (hi - lo) - 1.0)
+        r = FIXED_RIG
+        pos = pos.copy()
+        pos[1] = jit(pos[1], *ranges["height"], r["height"], r["jitter_height"])
+        pitch = jit(pitch, *ranges["pitch"], r["pitch"], r["jitter_pitch"])
+        roll = jit(roll, *ranges["roll"], 0.0, r["jitter_roll"])
+        hfov = math.radians(r["hfov_deg"])
+    elif rig != "varied":
+        raise ValueError(f"rig must be one of {RIGS}, got {rig!r}")
+    return look_camera(pos, yaw, pitch, roll, hfov, H, W)
+
+
+def indoor_scene(rng: np.random.Generator, H: int, W: int, rig: str = "varied") -> tuple[Scene, Camera]:
     """A room (0..X, 0..Y, 0..Z) with furniture-like boxes, balls and columns; depth ~0.5-10 m."""
     X, Y, Z = rng.uniform(3.0, 7.0), rng.uniform(2.4, 3.3), rng.uniform(4.0, 9.0)
     tiles = _tiles(rng)
@@ -350,8 +377,9 @@ def indoor_scene(rng: np.random.Generator, H: int, W: int) -> tuple[Scene, Camer
     for p in prims:
         p.casts_shadow = False
     cam_pos = np.array([rng.uniform(0.3, X - 0.3), rng.uniform(1.0, 1.8), rng.uniform(0.2, 1.2)])
-    cam = look_camera(cam_pos, rng.uniform(-0.6, 0.6), rng.uniform(-0.05, 0.45), rng.uniform(-0.05, 0.05),
-                      rng.uniform(math.radians(55), math.radians(80)), H, W)
+    draws = (rng.uniform(-0.6, 0.6), rng.uniform(-0.05, 0.45), rng.uniform(-0.05, 0.05),
+             rng.uniform(math.radians(55), math.radians(80)))
+    cam = _camera(draws, cam_pos, dict(height=(1.0, 1.8), pitch=(-0.05, 0.45), roll=(-0.05, 0.05)), rig, H, W)
     n_obj = int(rng.integers(3, 9))
     tries = 0
     while n_obj and tries < 60:
@@ -383,7 +411,7 @@ def indoor_scene(rng: np.random.Generator, H: int, W: int) -> tuple[Scene, Camer
                  extent=math.sqrt(X * X + Y * Y + Z * Z)), cam
 
 
-def outdoor_scene(rng: np.random.Generator, H: int, W: int) -> tuple[Scene, Camera]:
+def outdoor_scene(rng: np.random.Generator, H: int, W: int, rig: str = "varied") -> tuple[Scene, Camera]:
     """A street along +z lined with buildings, cars, poles and trees; depth up to ~80 m, sky = 0."""
     tiles = _tiles(rng)
     road = rng.uniform(3.0, 6.0)  # half width of the road
@@ -428,8 +456,9 @@ def outdoor_scene(rng: np.random.Generator, H: int, W: int) -> tuple[Scene, Came
                 prims.append(Sphere(np.array([x, trunk + 0.7 * r, z]), r, leaf_mat))
             z += rng.uniform(8.0, 25.0)
     cam_pos = np.array([rng.uniform(-0.5, 0.5) * road, rng.uniform(1.4, 2.0), 0.0])
-    cam = look_camera(cam_pos, rng.uniform(-0.3, 0.3), rng.uniform(-0.05, 0.12), rng.uniform(-0.03, 0.03),
-                      rng.uniform(math.radians(60), math.radians(90)), H, W)
+    draws = (rng.uniform(-0.3, 0.3), rng.uniform(-0.05, 0.12), rng.uniform(-0.03, 0.03),
+             rng.uniform(math.radians(60), math.radians(90)))
+    cam = _camera(draws, cam_pos, dict(height=(1.4, 2.0), pitch=(-0.05, 0.12), roll=(-0.03, 0.03)), rig, H, W)
     sun = np.array([rng.uniform(-1, 1), rng.uniform(0.4, 1.2), rng.uniform(-1, 1)])
     return Scene(prims, mats, sun / np.linalg.norm(sun), sun=True, ambient=float(rng.uniform(0.25, 0.4)), sky=True), cam
 
@@ -581,8 +610,8 @@ def _unshadowed(scene: Scene, cam: Camera, hit, origins, need, hw) -> np.ndarray
 
 
 def render(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoor", split: str = "train",
-           shadows: bool = True) -> dict:
-    """Render scene (seed, split, index) at img_size (H, W).
+           shadows: bool = True, rig: str = "varied") -> dict:
+    """Render scene (seed, split, index) at img_size (H, W) through the camera rig (see RIGS).
 
     Returns image float32 [H,W,3] in [0,1], depth float32 [H,W] meters (0 = no hit), K float32 [3,3],
     and the scene kind. Deterministic: the same arguments give the same bytes.
@@ -590,7 +619,7 @@ def render(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoo
     H, W = int(img_size[0]), int(img_size[1])
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, SPLIT_IDS[split], int(index)])
     kind = scene if scene != "mixed" else ("indoor" if rng.random() < 0.5 else "outdoor")
-    sc, cam = (indoor_scene if kind == "indoor" else outdoor_scene)(rng, H, W)
+    sc, cam = (indoor_scene if kind == "indoor" else outdoor_scene)(rng, H, W, rig)
     t, ids, rays = cast(sc, cam, H, W)
     image = shade(sc, cam, t, ids, rays, shadows)
     depth = np.where(np.isfinite(t), t, 0.0)
