@@ -26,6 +26,7 @@ class ModelConfig:
     buckets: tuple[int, ...] = (64, 128, 256, 512, 1024)  # capacity ladder (patch slots)
     head_dim: int = 128  # hidden width of the query head
     head_freqs: int = 4  # Fourier frequencies of the in-patch offset encoding
+    head_abs_pos: bool = False  # the head also reads the point's position in the image (Fourier, same freqs)
     min_depth: float = 0.1  # meters
     max_depth: float = 80.0
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # ImageNet, as DINOv2
@@ -172,6 +173,8 @@ class TrainConfig:
     q_min: int = 1
     q_max: int | None = None  # None: the largest bucket
     edge_frac: float = 0.5  # share of edge-weighted query samples (sample_queries)
+    extra_points: int = 0  # per query, supervision points drawn inside its patch: more signal for the same tokens
+    hflip: bool = False  # mirror a training sample left-right with probability 1/2 (seeded like its points)
     ckpt_every: int = 200  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # checkpoints kept on disk (the previous one is the fallback)
     eval_every: int = 0  # steps between validation evaluations (packed AbsRel); 0 = only at the end

@@ -34,17 +34,24 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
 class QueryHead(nn.Module):
     """Depth at a point from its patch token and its offset inside the patch (sub-patch precision).
 
-    depth = exp(log_min + (log_max - log_min) * sigmoid(mlp(tok(feature) + off(fourier(offset)))))
-    so depth is positive and bounded to [min_depth, max_depth] by construction.
+    depth = exp(log_min + (log_max - log_min) * sigmoid(mlp(tok(feature) + off(fourier(offset))
+                                                          [+ pos(fourier(position in the image))])))
+    so depth is positive and bounded to [min_depth, max_depth] by construction. The optional
+    position term (abs_img_size given) lets the head write depth as a smooth function of where the
+    point is, which a fixed camera makes informative (the floor's depth is a function of the row),
+    instead of a token-wise constant plus an in-patch correction.
     """
 
-    def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float):
+    def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float,
+                 abs_img_size: tuple[int, int] | None = None):
         super().__init__()
         self.patch_size = patch_size
         self.log_min, self.log_max = math.log(min_depth), math.log(max_depth)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.tok = nn.Linear(dim, hidden)
         self.off = nn.Linear(2 + 4 * freqs, hidden, bias=False)
+        self.abs_wh = None if abs_img_size is None else (float(abs_img_size[1]), float(abs_img_size[0]))
+        self.pos = nn.Linear(2 + 4 * freqs, hidden, bias=False) if abs_img_size is not None else None
         self.mlp = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
         # integer exponents: a dtype cast of the module (model.to(bf16)) cannot round them
         self.register_buffer("freq_pow", torch.arange(freqs), persistent=False)
@@ -58,15 +65,25 @@ class QueryHead(nn.Module):
         # feats [B,T,D] -> [B,T,hidden]; per token, so it can run before or after the gather
         return self.tok(self.norm(feats))
 
-    def encode_offset(self, points: torch.Tensor) -> torch.Tensor:
-        # points [...,2] float32 pixels -> [..., 2 + 4F]; u in [-0.5, 0.5) inside the patch
-        u = torch.remainder(points.float(), self.patch_size) / self.patch_size - 0.5
+    def fourier(self, u: torch.Tensor) -> torch.Tensor:
+        # u [...,2] float32 in [-0.5, 0.5) -> [..., 2 + 4F]
         ang = u.unsqueeze(-1) * self.freq  # [...,2,F]
         return torch.cat([u, ang.sin().flatten(-2), ang.cos().flatten(-2)], dim=-1)
+
+    def encode_offset(self, points: torch.Tensor) -> torch.Tensor:
+        # points [...,2] float32 pixels -> [..., 2 + 4F]; u in [-0.5, 0.5) inside the patch
+        return self.fourier(torch.remainder(points.float(), self.patch_size) / self.patch_size - 0.5)
+
+    def encode_position(self, points: torch.Tensor) -> torch.Tensor:
+        # points [...,2] float32 pixels (x, y) -> [..., 2 + 4F]; v in [-0.5, 0.5) across the image
+        wh = torch.tensor(self.abs_wh, dtype=torch.float32, device=points.device)
+        return self.fourier(points.float() / wh - 0.5)
 
     def decode(self, htok: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
         # htok [B,Q,hidden] (the query's token), points [B,Q,2] -> depth [B,Q] float32 meters
         h = htok + self.off(self.encode_offset(points).to(htok.dtype))
+        if self.pos is not None:
+            h = h + self.pos(self.encode_position(points).to(htok.dtype))
         t = torch.sigmoid(self.mlp(h).squeeze(-1).float())
         return torch.exp(self.log_min + (self.log_max - self.log_min) * t)
 
@@ -88,7 +105,8 @@ class DepthPack(nn.Module):
         anchor_pos = resample_abs_pos_embed(self.backbone.pos_embed.detach()[:, 1:], new_size=(g, g),
                                             old_size=(gh, gw), num_prefix_tokens=0) if g else torch.zeros(1, 0, cfg.embed_dim)
         self.anchor_pos = nn.Parameter(anchor_pos.clone())
-        self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth)
+        self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth,
+                              cfg.img_size if cfg.head_abs_pos else None)
         self.register_buffer("mean", torch.tensor(cfg.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg.std).view(1, 3, 1, 1), persistent=False)
         # selection tie-breaker as integer ranks k (spread = k / N in float32 at use): rounded to
@@ -181,14 +199,18 @@ class DepthPack(nn.Module):
     # ---- the three paths, unchecked cores (static graphs) ---------------------------------------
     def forward_packed(self, images: torch.Tensor, points: torch.Tensor, capacity: int) -> torch.Tensor:
         """Packed path for Q <= capacity queries. images [B,3,H,W], points [B,Q,2] -> depth [B,Q]."""
+        feats, query_slot = self.packed_features(images, points, capacity)
+        return self._decode(feats, query_slot, points)
+
+    def packed_features(self, images: torch.Tensor, points: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed buffer after the blocks: feats [B,Kp,D] and the slot of each query's token [B,Q]."""
         grid = self.grid_of(images)
         index, query_slot = select_tokens(points, capacity, self.cfg.patch_size, grid,
                                           self.spread_for(grid, images.device))  # [B,Kp], [B,Q]
         x = self.normalize(images)
         pre = self.prefix(x)  # [B,1+A,D]
         buf = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,1+A+Kp,D]
-        feats = self.run_blocks(buf)[:, pre.shape[1]:]  # [B,Kp,D]
-        return self._decode(feats, query_slot, points)
+        return self.run_blocks(buf)[:, pre.shape[1]:], query_slot  # [B,Kp,D], [B,Q]
 
     def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, capacity: int) -> torch.Tensor:
         """Masked baseline: all 1+A+N tokens, keys restricted to the packed selection."""

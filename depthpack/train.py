@@ -92,9 +92,19 @@ class PackedObjective(nn.Module):
         self.distill_weight = distill_weight
 
     def forward(self, images: torch.Tensor, points: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
-                capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool
-        pred = self.model.forward_packed(images, points, capacity)  # [B,Q] float32
+                capacity: int, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool.
+        # extra: (points [B,E,2], parent [B,E] (the query whose patch holds each), target, valid [B,E]):
+        # decoded from the tokens the queries already selected, so they cost the head only
+        if extra is None:
+            pred = self.model.forward_packed(images, points, capacity)  # [B,Q] float32
+        else:
+            xp, parent, xt, xv = extra
+            feats, slot = self.model.packed_features(images, points, capacity)
+            slot = torch.cat([slot, torch.gather(slot, 1, parent)], dim=1)
+            points, target, valid = torch.cat([points, xp], 1), torch.cat([target, xt], 1), torch.cat([valid, xv], 1)
+            pred = self.model._decode(feats, slot, points)
         silog = self.silog(pred, target, valid)
         distill = pred.new_zeros(())
         if self.distill_weight > 0:
@@ -126,8 +136,10 @@ class WithQueries(torch.utils.data.Dataset):
     number of workers, and again on a resumed run.
     """
 
-    def __init__(self, base, seed: int, rank: int, edge_frac: float):
-        self.base, self.seed, self.rank, self.edge_frac = base, seed, rank, edge_frac
+    def __init__(self, base, seed: int, rank: int, edge_frac: float, hflip: bool = False, extra_points: int = 0,
+                 patch_size: int = 1):
+        self.base, self.seed, self.rank, self.edge_frac, self.hflip = base, seed, rank, edge_frac, hflip
+        self.extra_points, self.patch_size = extra_points, patch_size
 
     def __len__(self) -> int:
         return len(self.base)
@@ -138,8 +150,21 @@ class WithQueries(torch.utils.data.Dataset):
         index, step, slot, q = key
         sample = dict(self.base[index])
         g = torch.Generator().manual_seed(((self.seed * 7919 + step) * 131 + self.rank) * 1031 + slot)
+        if self.hflip and bool(torch.rand((), generator=g) < 0.5):
+            sample = hflip_sample(sample)
         sample["points"] = sample_queries(sample["valid"], sample["image"], q, g, edge_frac=self.edge_frac).float()
+        if self.extra_points:  # pixels inside the patches of the queries (any pixel: invalid ones are masked)
+            n, p = q * self.extra_points, self.patch_size
+            parent = torch.randint(q, (n,), generator=g)
+            corner = torch.div(sample["points"][parent], p, rounding_mode="floor") * p
+            sample["extra_points"] = corner + torch.randint(p, (n, 2), generator=g).float()
+            sample["extra_parent"] = parent
         return sample
+
+
+def hflip_sample(sample: dict) -> dict:
+    """The sample mirrored left-right: image [3,H,W] and the [H,W] maps (depth, valid, eval_mask)."""
+    return {k: v.flip(-1) if k in ("image", "depth", "valid", "eval_mask") else v for k, v in sample.items()}
 
 
 def batch_stream(dataset, cfg: TrainConfig, d: Dist, start_step: int, buckets: tuple[int, ...]) -> Iterator[tuple[int, int, dict]]:
@@ -151,7 +176,8 @@ def batch_stream(dataset, cfg: TrainConfig, d: Dist, start_step: int, buckets: t
     if per_epoch == 0:
         raise ValueError(f"the data set has {len(dataset)} samples: fewer than one batch of {cfg.batch_size} "
                          f"per process ({d.world} processes)")
-    wrapped = WithQueries(dataset, cfg.seed, d.rank, cfg.edge_frac)
+    wrapped = WithQueries(dataset, cfg.seed, d.rank, cfg.edge_frac, cfg.hflip, cfg.extra_points,
+                          cfg.model_config().patch_size)
     step = start_step
     while step < cfg.steps:
         epoch, offset = divmod(step, per_epoch)
@@ -342,6 +368,9 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook, make_dataset) -> dict[str
         dump_yaml(cfg, out / "config.yaml")
 
     train_set = make_dataset(cfg.data, split="train", img_size=mcfg.img_size, min_depth=mcfg.min_depth, max_depth=mcfg.max_depth)
+    if cfg.data.cache and cfg.num_workers == 0 and hasattr(train_set, "prefill") and start_step < cfg.steps:
+        # every core renders the cached scenes before the first step (workers would each hold a copy)
+        train_set.prefill(processes=os.cpu_count() or 1, progress=d.main and cfg.progress)
     objective = PackedObjective(model, cfg.silog_lambda, cfg.distill_weight).to(d.device)
     runner: nn.Module = objective
     if d.world > 1:
@@ -365,8 +394,13 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook, make_dataset) -> dict[str
         points, target, valid = targets_for_batch(batch)
         images = batch["image"].to(d.device, non_blocking=True)
         points, target, valid = points.to(d.device), target.to(d.device), valid.to(d.device)
+        extra = None
+        if "extra_points" in batch:
+            xp = batch["extra_points"]
+            xt, xv = gather_at(xp, batch["depth"], batch["valid"])
+            extra = tuple(t.to(d.device) for t in (xp, batch["extra_parent"], xt, xv))
         with torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext():
-            loss, silog, distill = runner(images, points, target, valid, cap)
+            loss, silog, distill = runner(images, points, target, valid, cap, extra)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
@@ -402,6 +436,9 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook, make_dataset) -> dict[str
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = {"step": step, "steps": cfg.steps, "resumed_from": start_step, "last_loss": last_loss,
                                "wall_s": round(wall, 2), "world_size": d.world, "device": str(d.device)}
+    if d.world > 1:
+        summary["backend"] = dist.get_backend()
+        summary["ranks_in_sync"] = _ranks_in_sync(model)
     if d.main:
         summary["val"] = _validate(model, cfg, mcfg, step, log) if start_step < cfg.steps else last_eval
         ckpt.atomic_write_json(out / "summary.json", summary)
@@ -409,6 +446,15 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook, make_dataset) -> dict[str
     if d.world > 1:
         dist.barrier()
     return summary
+
+
+def _ranks_in_sync(model: nn.Module) -> bool:
+    """Whether every rank ends with the same weights (DDP's all-reduce at work): exact float64 sums."""
+    flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
+    sig = torch.stack([flat.sum(), flat.abs().sum(), (flat * flat).sum()])
+    every = [torch.empty_like(sig) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, sig)
+    return all(torch.equal(every[0], other) for other in every[1:])
 
 
 def _save(out: Path, step: int, model: DepthPack, opt, sched, cfg: TrainConfig, d: Dist, stored_cfg: dict) -> None:

@@ -276,3 +276,22 @@ def test_bf16_close_to_float32(tiny):
         out = low(img, pts)
     assert out.dtype == torch.float32
     assert ((out - ref).abs() / ref).max() < 5e-2  # bf16 operands: ~1e-2 relative
+
+
+def test_head_position_term_keeps_the_paths_equal():
+    """head_abs_pos: the head also reads where the point is; packed = masked, full capacity = dense,
+    and the dense map equals querying each pixel."""
+    m = randomize_(create_model("tiny", head_abs_pos=True)).eval()
+    img, pts = rand_inputs(21, 2, 12)
+    ipts = pts.floor()
+    with torch.no_grad():
+        assert (m(img, pts) - m.forward_masked(img, pts)).abs().max() < ATOL
+        assert (m.forward_packed(img, pts, m.cfg.num_patches) - m.forward_dense(img, pts)).abs().max() < ATOL
+        dmap, q = m.forward_dense(img), m.forward_dense(img, ipts)
+        off = m.forward_dense(img, ipts)
+    b, il = torch.arange(2)[:, None], ipts.long()
+    assert (dmap[b, il[..., 1], il[..., 0]] - q).abs().max() < ATOL
+    plain = create_model("tiny").eval()
+    plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("head.pos.")})
+    with torch.no_grad():
+        assert (plain.forward_dense(img, ipts) - off).abs().max() > 1e-3  # the term is really there

@@ -271,17 +271,84 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_gloo_two_processes(tmp_path):
-    out = tmp_path / "ddp"
+def _torchrun_two(out, *overrides: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
            str(ROOT / "train" / "train.py"), "--config", str(TINY), f"out_dir={out}", "steps=4", "ckpt_every=2",
-           "eval_images=2"]
+           "eval_images=2", *overrides]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert (summary["world_size"], summary["step"]) == (2, 4)
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_torchrun_gloo_two_processes(tmp_path):
+    out = tmp_path / "ddp"
+    summary = _torchrun_two(out, "device=cpu")
+    assert (summary["world_size"], summary["step"], summary["backend"]) == (2, 4, "gloo")
+    assert summary["ranks_in_sync"]  # the all-reduced gradients left both ranks with the same weights
     assert json.loads((out / "latest.json").read_text())["step"] == 4
     rows = (out / "log.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 4  # rank 0 alone writes the log
     ck.load_model(out)  # a checkpoint that verifies and loads strictly
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_torchrun_nccl_two_gpus(tmp_path):
+    out = tmp_path / "ddp"
+    summary = _torchrun_two(out)  # device auto: cuda:LOCAL_RANK, nccl
+    assert (summary["world_size"], summary["step"], summary["backend"]) == (2, 4, "nccl")
+    assert summary["device"] == "cuda:0" and summary["ranks_in_sync"]
+    assert json.loads((out / "latest.json").read_text())["step"] == 4
+    assert len((out / "log.csv").read_text().strip().splitlines()) == 1 + 4
+    ck.load_model(out)
+
+
+def test_extra_points_lie_in_their_query_patch_and_cost_no_token():
+    """Extra supervision points: inside the patch of their parent query, and decoded from the tokens
+    the queries selected: the loss equals the packed forward over queries + extras together."""
+    from depthpack.data import make_dataset
+    from depthpack.losses import SiLogLoss
+    from depthpack.train import PackedObjective, WithQueries, build_model, gather_at, targets_for_batch
+
+    cfg = load_train_config(TINY)
+    mc = cfg.model_config()
+    p = mc.patch_size
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, extra_points=2, patch_size=p)
+    batch = torch.utils.data.default_collate([wq[(i, 1, i, 4)] for i in range(3)])
+    assert batch["extra_points"].shape == (3, 8, 2) and batch["extra_parent"].shape == (3, 8)
+    parents = torch.gather(batch["points"], 1, batch["extra_parent"][..., None].expand(-1, -1, 2))
+    assert torch.equal(torch.div(batch["extra_points"], p, rounding_mode="floor"),
+                       torch.div(parents, p, rounding_mode="floor"))
+    assert torch.equal(wq[(1, 1, 1, 4)]["extra_points"], batch["extra_points"][1])  # seeded like the points
+    points, target, valid = targets_for_batch(batch)
+    xt, xv = gather_at(batch["extra_points"], batch["depth"], batch["valid"])
+    model = randomize_(build_model(cfg, torch.device("cpu"))).eval()
+    obj = PackedObjective(model, 0.5, 0.0)
+    with torch.no_grad():
+        loss, _, _ = obj(batch["image"], points, target, valid, 16, (batch["extra_points"], batch["extra_parent"], xt, xv))
+        both = torch.cat([points, batch["extra_points"]], 1)
+        want = SiLogLoss(0.5)(model.forward_packed(batch["image"], both, 16), torch.cat([target, xt], 1),
+                              torch.cat([valid, xv], 1))
+    assert abs(float(loss) - float(want)) < 1e-5
+
+
+def test_hflip_mirrors_image_and_maps_before_the_points_are_drawn():
+    from depthpack.data import make_dataset
+    from depthpack.train import WithQueries, hflip_sample
+
+    cfg = load_train_config(TINY)
+    mc = cfg.model_config()
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    s = ds[0]
+    f = hflip_sample(s)
+    assert torch.equal(f["image"], s["image"].flip(-1)) and torch.equal(f["depth"][:, 0], s["depth"][:, -1])
+    assert all(torch.equal(hflip_sample(f)[k], s[k]) for k in ("image", "depth", "valid", "eval_mask"))
+    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, hflip=True)
+    flipped = [torch.equal(wq[(0, 1, j, 8)]["image"], f["image"]) for j in range(16)]
+    assert 2 <= sum(flipped) <= 14  # about half, decided per (step, slot)
+    for j in range(16):
+        smp = wq[(0, 1, j, 8)]
+        xy = smp["points"].long()
+        assert smp["valid"][xy[:, 1], xy[:, 0]].all()  # drawn on the mirrored valid mask
