@@ -40,6 +40,8 @@ class EvalSettings:
     anchors: tuple[bool, ...] = (True, False)  # model.use_anchors settings (same weights)
     paths: tuple[str, ...] = PATHS
     median_scaling: bool = False  # per-image median scaling (for relative-depth models)
+    edge_frac: float = 0.0  # share of query points drawn at image edges; 0 = uniform over valid pixels
+    #                         (the standard protocol: every valid pixel counts the same)
     max_images: int | None = None  # None: the whole split
     batch_size: int = 8
     seed: int = 0
@@ -48,7 +50,7 @@ class EvalSettings:
 
 
 # ---- points -------------------------------------------------------------------------------------
-def eval_points(sample: dict, q: int, seed: int, index: int, edge_frac: float = 0.5) -> torch.Tensor | None:
+def eval_points(sample: dict, q: int, seed: int, index: int, edge_frac: float = 0.0) -> torch.Tensor | None:
     """Q points [Q,2] among the valid pixels inside the evaluation crop; None if there are none."""
     from .data import sample_queries
 
@@ -105,7 +107,7 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
         for start in range(0, n, s.batch_size):
             samples = [(i, dataset[i]) for i in range(start, min(n, start + s.batch_size))]
             for q in s.queries:
-                pts = [(i, smp, eval_points(smp, q, s.seed, i)) for i, smp in samples]
+                pts = [(i, smp, eval_points(smp, q, s.seed, i, s.edge_frac)) for i, smp in samples]
                 kept = [(i, smp, p) for i, smp, p in pts if p is not None]
                 if q == s.queries[0]:
                     skipped += len(pts) - len(kept)
@@ -182,7 +184,8 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
             name = r["path"] if r["path"] != "constant" else f"constant {r['constant_m']:.3g} m"
             lines.append(f"| {name} | {a} | {q} | " + " | ".join(f"{r[k]:.4f}" for k in METRICS) + " |")
     lines += ["", f"{result['images']} images ({result['skipped_images']} without a valid pixel in the crop skipped); "
-              f"metrics per image, averaged; median scaling {'on' if result['settings']['median_scaling'] else 'off'}.", ""]
+              f"metrics per image, averaged; median scaling {'on' if result['settings']['median_scaling'] else 'off'}; "
+              f"query points {_points_words(result['settings'].get('edge_frac', 0.0))}.", ""]
     for key, e in result["summary"].items():
         parts = [f"- {key}: best constant AbsRel {e['constant_abs_rel']:.4f}"]
         if e.get("packed_abs_rel") is not None:
@@ -197,6 +200,12 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def _points_words(edge_frac: float) -> str:
+    if edge_frac == 0:
+        return "uniform over the valid pixels"
+    return f"{100 * edge_frac:.0f}% at image edges (Sobel-weighted), the rest uniform"
+
+
 def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
     """eval.png (then eval_1.png, ...): image | ground truth | dense prediction | the packed path's
     points at the largest Q colored by relative error (depthpack.viz.depth_figure), one per image."""
@@ -207,7 +216,7 @@ def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
     paths = []
     for i in range(min(s.figure_images, len(dataset))):
         smp = dataset[i]
-        pts = eval_points(smp, q, s.seed, i)
+        pts = eval_points(smp, q, s.seed, i, s.edge_frac)
         if pts is None:
             continue
         img = smp["image"].unsqueeze(0).to(device)
@@ -262,6 +271,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--anchors", choices=("both", "on", "off"), default="both")
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     ap.add_argument("--median-scaling", action="store_true", help="per-image median scaling (relative depth)")
+    ap.add_argument("--edge-frac", type=float, default=0.0,
+                    help="share of query points drawn at image edges (0: uniform, the standard protocol; "
+                         "0.5: as in training, harder: depth edges)")
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -282,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ds = make_dataset(dcfg, split=a.split, img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
     anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
     s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
-                     max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
+                     edge_frac=a.edge_frac, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
                      progress=not a.no_progress)
     result = evaluate(model, ds, s)
     cdir = resolve_checkpoint(a.checkpoint)
