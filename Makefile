@@ -23,8 +23,17 @@ test: $(STAMP)
 	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
+# The demo runs on a python that already holds every runtime dependency (a GPU machine's own torch,
+# say, where nothing can be installed), else on .venv, made as for the tests.
+RUNTIME_PY := $(shell $(PY) -c "import torch, torchvision, timm, numpy, cv2, yaml, safetensors, tqdm, h5py, matplotlib" >/dev/null 2>&1 && echo $(PY))
+ifneq ($(RUNTIME_PY),)
+demo:
+	@echo "demo: $(RUNTIME_PY) already holds depthpack's dependencies; running on it (no .venv)"
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(RUNTIME_PY) -m depthpack.demo --out runs/demo
+else
 demo: $(STAMP)
 	$(BIN)/python -m depthpack.demo --out runs/demo
+endif
 
 clean:
 	rm -rf runs build deploy_cpp/build
