@@ -4,6 +4,7 @@ Tests write their own tiny files under tmp_path. The real samples are read from 
 beside the repository and the tests that need them skip when it is absent.
 """
 import logging
+import threading
 from pathlib import Path
 
 import cv2
@@ -376,6 +377,8 @@ def test_fixed_rig_is_one_camera_over_the_same_scenes():
 def test_prefill_renders_the_same_scenes_in_processes():
     cfg = DataConfig(kind="synthetic", scene="mixed", rig="fixed", num_samples=6, seed=2, cache=True)
     pre = make_dataset(cfg, "train", (32, 32), 0.5, 80.0)
+    pre[0]  # a cache already holding tensors, and a dataset that cannot be pickled: prefill sends neither
+    pre._not_picklable = threading.Lock()
     pre.prefill(processes=2)
     assert len(pre._cache) == 6
     lazy = make_dataset(cfg, "train", (32, 32), 0.5, 80.0)

@@ -18,6 +18,11 @@ IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp")
 DEPTH_EXTS = (".png", ".npy", ".pfm")
 
 
+def _render_job(job: tuple) -> dict:
+    seed, i, size, scene, split, rig = job
+    return render(seed, i, size, scene, split, rig=rig)
+
+
 class SyntheticDataset(SkippingDataset):
     """Procedural rooms / streets rendered at the requested size; sample i of a split is always the same.
 
@@ -63,8 +68,12 @@ class SyntheticDataset(SkippingDataset):
         todo = [i for i in range(self.n) if i not in self._cache]
         bar = tqdm(total=len(todo), desc="render scenes", disable=not progress, dynamic_ncols=True)
         if processes > 1 and len(todo) > 1 and "fork" in mp.get_all_start_methods():
+            # a plain function and plain arguments: a bound method would pickle the dataset, its
+            # growing cache of tensors with it (each tensor a file descriptor: "too many open files")
+            c = self.cfg
+            jobs = [(c.seed, i, self.size, c.scene, self.split, c.rig) for i in todo]
             with mp.get_context("fork").Pool(processes) as pool:
-                for i, r in zip(todo, pool.imap(self._render, todo, chunksize=32)):
+                for i, r in zip(todo, pool.imap(_render_job, jobs, chunksize=32)):
                     self._cache[i] = self._sample(i, r)
                     bar.update(1)
         else:
