@@ -6,8 +6,10 @@
 
 One step: a batch of images (a DistributedSampler over the data set, one shuffled permutation per
 epoch), one query count Q drawn on the host for the whole batch (each bucket is drawn equally often,
-so every capacity is trained), Q points per image from depthpack.data.sample_queries, the packed
-forward at capacity = the smallest bucket >= Q, SiLogLoss against the ground truth at those pixels,
+so every capacity is trained), Q points per image from depthpack.data.sample_queries (after an
+optional left-right mirror, cfg.hflip), the packed forward at capacity = the smallest bucket >= Q,
+plus cfg.extra_points * Q points inside the queried patches decoded from the same tokens (the head's
+cost only), SiLogLoss against the ground truth at all those pixels,
 optionally + distill_weight * mean |log packed - log dense| toward the dense path of the same model
 (computed without gradient). AdamW, linear warmup then cosine, gradient clipping, bf16 autocast on
 CUDA, float32 on CPU.
