@@ -99,14 +99,12 @@ class PackedObjective(nn.Module):
         # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool.
         # extra: (points [B,E,2], parent [B,E] (the query whose patch holds each), target, valid [B,E]):
         # decoded from the tokens the queries already selected, so they cost the head only
-        if extra is None:
-            pred = self.model.forward_packed(images, points, capacity)  # [B,Q] float32
-        else:
+        feats, slot = self.model.packed_features(images, points, capacity)  # forward_packed, in two parts
+        if extra is not None:
             xp, parent, xt, xv = extra
-            feats, slot = self.model.packed_features(images, points, capacity)
             slot = torch.cat([slot, torch.gather(slot, 1, parent)], dim=1)
             points, target, valid = torch.cat([points, xp], 1), torch.cat([target, xt], 1), torch.cat([valid, xv], 1)
-            pred = self.model._decode(feats, slot, points)
+        pred = self.model._decode(feats, slot, points)  # [B,Q(+E)] float32
         silog = self.silog(pred, target, valid)
         distill = pred.new_zeros(())
         if self.distill_weight > 0:

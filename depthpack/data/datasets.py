@@ -43,8 +43,9 @@ class SyntheticDataset(SkippingDataset):
     def describe(self) -> str:
         return f"synthetic {self.cfg.scene} {self.split} (seed {self.cfg.seed}, {self.n} scenes)"
 
-    def _render(self, i: int) -> dict:
-        return render(self.cfg.seed, i, self.size, self.cfg.scene, self.split, rig=self.cfg.rig)
+    def _job(self, i: int) -> tuple:
+        c = self.cfg
+        return (c.seed, i, self.size, c.scene, self.split, c.rig)
 
     def _sample(self, i: int, r: dict) -> dict:
         name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
@@ -53,7 +54,7 @@ class SyntheticDataset(SkippingDataset):
     def load(self, i: int) -> dict:
         if i in self._cache:
             return dict(self._cache[i])
-        s = self._sample(i, self._render(i))
+        s = self._sample(i, _render_job(self._job(i)))
         if self.cfg.cache:
             self._cache[i] = s
         return dict(s)
@@ -70,15 +71,14 @@ class SyntheticDataset(SkippingDataset):
         if processes > 1 and len(todo) > 1 and "fork" in mp.get_all_start_methods():
             # a plain function and plain arguments: a bound method would pickle the dataset, its
             # growing cache of tensors with it (each tensor a file descriptor: "too many open files")
-            c = self.cfg
-            jobs = [(c.seed, i, self.size, c.scene, self.split, c.rig) for i in todo]
+            jobs = [self._job(i) for i in todo]
             with mp.get_context("fork").Pool(processes) as pool:
                 for i, r in zip(todo, pool.imap(_render_job, jobs, chunksize=32)):
                     self._cache[i] = self._sample(i, r)
                     bar.update(1)
         else:
             for i in todo:
-                self._cache[i] = self._sample(i, self._render(i))
+                self._cache[i] = self._sample(i, _render_job(self._job(i)))
                 bar.update(1)
         bar.close()
 
