@@ -1,4 +1,5 @@
 # make test : create or reuse .venv, install depthpack with its dev extras, run the test suite
+# make test-fast : the same without the tests marked slow (the inner loop; CI runs `make test`)
 # make demo : the main job end to end on the embedded synthetic data (see README)
 PY       ?= python3
 VENV     ?= .venv
@@ -9,7 +10,7 @@ TORCH    ?= torch==2.14.1 torchvision==0.29.1
 STAMP    := $(VENV)/.depthpack-installed
 PYTEST_ARGS ?=
 
-.PHONY: test demo clean
+.PHONY: test test-fast demo clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +23,9 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+test-fast: $(STAMP)
+	@$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The demo runs on a python that already holds every runtime dependency (a GPU machine's own torch,
 # say, where nothing can be installed), else on .venv, made as for the tests.

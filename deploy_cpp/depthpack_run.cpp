@@ -1,6 +1,6 @@
 // depthpack_run: metric depth at queried pixels from depthpack's AOTInductor packages (.pt2).
 //
-// Assumes: a directory written by export/export.py (manifest.json "depthpack-manifest/1" beside
+// Assumes: a directory written by export/export.py (manifest.json "depthpack-manifest/2" beside
 // one package per capacity bucket, each taking images float32 [B,3,H,W] RGB in [0,1] and points
 // float32 [B,K,2] (x, y) model pixels, returning depth float32 [B,K] meters); packages built for
 // this machine's CPU architecture (and GPU compute capability); trusted packages: a .pt2 holds
@@ -147,8 +147,8 @@ Manifest read_manifest(const fs::path& path) {
     throw Fail("manifest " + path.string() + ": " + e.what());
   }
   const std::string w = "manifest " + path.string();
-  if (need(j, "format", Value::Kind::String, w).string != "depthpack-manifest/1")
-    throw Fail(w + ": format \"" + j.find("format")->string + "\" is not depthpack-manifest/1");
+  if (need(j, "format", Value::Kind::String, w).string != "depthpack-manifest/2")
+    throw Fail(w + ": format \"" + j.find("format")->string + "\" is not depthpack-manifest/2");
   Manifest m;
   auto hw = int_list(need(j, "image_size", Value::Kind::Array, w), w + ": image_size");
   if (hw.size() != 2 || hw[0] < 1 || hw[1] < 1) throw Fail(w + ": image_size must be [H, W]");
@@ -172,7 +172,7 @@ Manifest read_manifest(const fs::path& path) {
     const Value& b = list.array[k];
     const std::string wb = w + ": buckets[" + std::to_string(k) + "]";
     Bucket bucket;
-    bucket.capacity = as_int(need(b, "capacity", Value::Kind::Number, wb), wb + ": capacity");
+    bucket.capacity = as_int(need(b, "bucket", Value::Kind::Number, wb), wb + ": bucket");
     bucket.file = path.parent_path() / need(b, "file", Value::Kind::String, wb).string;
     bucket.sha256 = need(b, "sha256", Value::Kind::String, wb).string;
     if (bucket.capacity < 1 || (!m.buckets.empty() && bucket.capacity <= m.buckets.back().capacity))
@@ -494,7 +494,7 @@ torch::Device pick_device(const Manifest& m, const Args& a) {
 void print_bench(Runner& r, Bucket& b, const at::Tensor& images, const at::Tensor& points, int n) {
   auto ms = r.bench(b, images.to(r.device), pad_to(points, b.capacity).to(r.device), n);
   auto pct = [&](double q) { return ms[std::min(ms.size() - 1, size_t(q * double(ms.size() - 1) + 0.5))]; };
-  std::fprintf(stderr, "bench capacity=%lld device=%s graph=%d runs=%d median_ms=%.4f p90_ms=%.4f\n",
+  std::fprintf(stderr, "bench bucket=%lld device=%s graph=%d runs=%d median_ms=%.4f p90_ms=%.4f\n",
                (long long)b.capacity, r.device.str().c_str(), int(r.graph), n, pct(0.5), pct(0.9));
 }
 

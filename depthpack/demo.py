@@ -1,7 +1,7 @@
 """The main job end to end on the embedded default (`make demo`):
 
     1. render synthetic scenes and train configs/demo.yaml          (train/train.py)
-    2. accuracy of the packed, masked and dense paths, held-out      (python -m depthpack.evaluate)
+    2. accuracy of the packed, masked and dense paths, held-out      (python -m depthpack.eval)
     3. export .pt2 packages + ONNX, build the C++ runner, check it   (export/export.py, deploy_cpp/)
     4. latency of masked vs packed (CPU rows; GPU rows on a GPU)     (python -m depthpack.bench)
     5. runs/demo/report.md with the tables, the figures and how long each step took
@@ -82,12 +82,13 @@ def build_runner(build_dir: Path, logs: Path) -> tuple[Path, float]:
 
 def selection_png(ckpt: Path, out: Path) -> Path:
     """Which tokens the packer selected for one held-out image, with its anchors."""
-    from .checkpoint import load_model, stored_data_config
+    from .core.checkpoint import load_model
     from .data import make_dataset, sample_queries
-    from .viz import selection_figure
+    from .eval.evaluate import data_config
+    from .eval.viz import selection_figure
 
     model = load_model(ckpt).eval()
-    data = stored_data_config(ckpt)
+    data = data_config(ckpt, None, [])
     mc = model.cfg
     ds = make_dataset(data, "val", mc.img_size, mc.min_depth, mc.max_depth)
     sample = ds[0]
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> Path:
         times["train"] = run_step("train", [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"], logs)
         info["train"] = last_json(logs / "train.log")
     if "eval" not in a.skip:
-        times["evaluate"] = run_step("evaluate", [py, "-m", "depthpack.evaluate", "--checkpoint", str(ckpt),
+        times["evaluate"] = run_step("evaluate", [py, "-m", "depthpack.eval", "--checkpoint", str(ckpt),
                                                   "--out", str(out / "eval"), "--queries", "16", "64", "256"], logs)
         t0 = time.perf_counter()
         selection_png(ckpt, out)

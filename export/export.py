@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Export DepthPack to AOTInductor packages (+ manifest, reference, optional ONNX): a thin CLI over
-depthpack.export. Any refusal or failed check is one line on stderr and exit code 1.
+depthpack.deploy.export. Any refusal or failed check is one line on stderr and exit code 1.
 
     python export/export.py --preset tiny --out /tmp/dp_tiny --buckets 8,64 --onnx
     python export/export.py --checkpoint runs/vits --out /tmp/dp_export_vits --device cuda --dtype bfloat16
@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from depthpack.export import DTYPES, TARGETS, ExportOptions, export, load_for_export  # noqa: E402
+from depthpack.deploy.contract import DTYPES  # noqa: E402
+from depthpack.deploy.export import TARGETS, ExportOptions, export, load_for_export  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seed of preset weights, reference and check inputs")
     ap.add_argument("--cpp-runner", default=None,
                     help="deploy_cpp's depthpack_run, for the self-check where loading packages kills Python "
-                         "(torch 2.11 + CUDA); default: $DEPTHPACK_RUN or deploy_cpp/build, /tmp/dp_cpp_build")
+                         "(torch 2.11 + CUDA); default: $DEPTHPACK_RUN or deploy_cpp/build")
     return ap.parse_args(argv)
 
 

@@ -17,10 +17,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> torch.nn.Module:
-    """Fresh random weights of a sensible size (depthpack.model.random_weights_): with timm's init
+    """Fresh random weights of a sensible size (depthpack.core.model.random_weights_): with timm's init
     (LayerScale 1e-5) the blocks are nearly the identity, which would let a broken mask or a wrong
     selection pass unnoticed."""
-    from depthpack.model import random_weights_
+    from depthpack.core.model import random_weights_
 
     return random_weights_(model, seed, scale)
 

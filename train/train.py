@@ -5,7 +5,7 @@
     python train/train.py --config configs/demo.yaml resume=true           # continue a killed run
     torchrun --nproc_per_node=2 train/train.py --config configs/vits_nyu.yaml data.root=/data/nyu
 
-The YAML holds only what differs from TrainConfig's defaults (depthpack/config.py); key=value
+The YAML holds only what differs from TrainConfig's defaults (depthpack/train/config.py); key=value
 overrides (dotted keys for nested fields: model.*, data.*) apply on top; unknown keys are an error.
 The merged config is written to OUT_DIR/config.yaml.
 """
@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from depthpack.config import load_train_config
-from depthpack.train import train
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from depthpack.train import load_train_config, train  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .. import preprocess
+from ..core import preprocess
 from .common import BadSample
 
 

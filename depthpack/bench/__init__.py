@@ -1,0 +1,1 @@
+"""Benchmarks: the latency ladder (python -m depthpack.bench), the kernel profile."""

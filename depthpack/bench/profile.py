@@ -1,0 +1,141 @@
+"""Where the time of one packed forward goes: torch.profiler over the (compiled) packed forward.
+
+    python -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 --out DIR
+
+For each backend (eager forward = what the `graph` backend captures; Inductor-compiled forward = what
+`compile+graph` captures), with the Triton gather+embed kernel off and on, it runs the un-graphed
+forward under torch.profiler and reports kernels per forward, GPU busy time per forward (sum of kernel
+durations) by category (GEMM, attention, Triton fused, selection/topk, elementwise, other) and the top
+kernels; then times the CUDA graph replay of the same forward. Busy time close to replay time means
+the kernels themselves are the cost (count x small-matrix inefficiency); a gap means bubbles between
+dependent kernels. Writes DIR/profile.md (the JSON is the last line of stdout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from ..core.model import create_model
+from ..runtime.predictor import Predictor
+
+CATEGORIES = [  # first match wins
+    ("attention", r"flash|fmha|attention|sdpa"),
+    ("conv (anchors)", r"convolve|conv2d|implicit_gemm"),
+    ("gemm", r"gemm|cutlass|sm90|nvjet|cublas|matmul|\bmm\b|_mm_|splitk|xmma"),
+    ("select/topk", r"topk|sort|radix|scatter|max_pool"),
+    ("triton fused", r"^triton_|patch_embed"),
+    ("layernorm/elementwise", r"layer_norm|norm|elementwise|vectorized|reduce|gelu|add|mul|copy|cat|fill|gather|index"),
+]
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, pat in CATEGORIES:
+        if re.search(pat, low):
+            return cat
+    return "other"
+
+
+def profile_forward(fn, calls: int = 20) -> dict:
+    """Kernels of `calls` calls of fn under torch.profiler -> per-call count, busy time, categories, top."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_name: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.lower().startswith(("memcpy", "memset")):
+            per_name[e.name].append(e.device_time)
+    cats: dict[str, float] = defaultdict(float)
+    for name, ts in per_name.items():
+        cats[category(name)] += sum(ts) / calls
+    every = sorted(((sum(ts) / calls, len(ts) / calls, name) for name, ts in per_name.items()), reverse=True)
+    return dict(kernels_per_call=sum(len(ts) for ts in per_name.values()) / calls,
+                busy_us_per_call=sum(sum(ts) for ts in per_name.values()) / calls,
+                categories_us={k: round(v, 2) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+                top=[dict(us_per_call=round(t, 2), per_call=c, name=n[:120]) for t, c, n in every[:15]],
+                kernels=[dict(name=n[:200], us=round(t, 3), launches=c, category=category(n)) for t, c, n in every])
+
+
+def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: bool = False) -> dict:
+    """For the graph and compile+graph backends: the kernels of one un-replayed forward
+    (Predictor.predict_uncaptured) under the profiler, and the latency of the captured one."""
+    from ..runtime.graphs import summarize, time_calls
+
+    report = dict(preset=preset, dtype=str(dtype).replace("torch.", ""), batch=batch, queries=queries,
+                  fused_embed=fused_embed, backends={})
+    torch.manual_seed(0)
+    model = create_model(preset).eval()
+    H, W = model.cfg.img_size
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(batch, 3, H, W, generator=g).cuda()
+    points = (torch.rand(batch, queries, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).cuda()
+    for backend in ("graph", "compile+graph"):
+        pred = Predictor(model, device="cuda", dtype=dtype, backend=backend, batch_size=batch,
+                         fused_embed=fused_embed, validate=False)
+        bucket = pred.bucket_for(queries)
+        pred.warmup(buckets=(bucket,))
+        dev = torch.device("cuda")
+        with torch.inference_mode():  # timed before the profiler has been active in this predictor's life
+            latency = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5))
+            back_to_back = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5,
+                                                sync_each=False))
+            prof = profile_forward(lambda: pred.predict_uncaptured(images, points))
+        prof.update(bucket=bucket, graph_replay_ms=back_to_back["median_ms"], latency_ms=latency["median_ms"])
+        report["backends"][backend] = prof
+    return report
+
+
+def markdown(report: dict) -> str:
+    r = report
+    lines = [f"# Profile of the packed forward ({r['preset']} {r['dtype']}, batch {r['batch']}, {r['queries']} "
+             f"queries, fused_embed={r['fused_embed']})", ""]
+    for name, p in r["backends"].items():
+        lines += [f"## {name} (bucket {p['bucket']})", "",
+                  f"{p['kernels_per_call']:.0f} kernels per forward, GPU busy {p['busy_us_per_call']:.1f} us per "
+                  f"forward under the profiler; predict with graph replay {1e3 * p['graph_replay_ms']:.1f} us "
+                  f"back-to-back, {1e3 * p['latency_ms']:.1f} us as one call + sync", "",
+                  "| category | us per forward |", "|---|---|"]
+        lines += [f"| {c} | {v:.1f} |" for c, v in p["categories_us"].items()]
+        lines += ["", "| us per forward | launches per forward | kernel |", "|---|---|---|"]
+        lines += [f"| {t['us_per_call']:.1f} | {t['per_call']:.0f} | `{t['name']}` |" for t in p["top"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description="profile the packed forward (CUDA)")
+    ap.add_argument("--preset", default="vits")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--queries", type=int, default=256)
+    ap.add_argument("--fused-embed", choices=("off", "on", "both"), default="both",
+                    help="the Triton gather+embed kernel off, on, or a report of each")
+    ap.add_argument("--out", default="bench_out")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("depthpack.bench.profile needs a CUDA device")
+    variants = {"off": [False], "on": [True], "both": [False, True]}[args.fused_embed]
+    reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused) for fused in variants]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = "\n".join(markdown(r) for r in reports)
+    (out / "profile.md").write_text(md)
+    (out / "profile.json").write_text(json.dumps(reports, indent=1))
+    print(md)
+    print(json.dumps(reports))
+    return reports
+
+
+if __name__ == "__main__":
+    main()

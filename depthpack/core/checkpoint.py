@@ -1,0 +1,252 @@
+"""Checkpoints: atomic, verifiable, resumable, and never unpickled.
+
+Layout of a run folder (``out_dir``)::
+
+    out_dir/
+      config.yaml                 the merged TrainConfig of the run
+      latest.json                 {"step": S, "path": "checkpoints/step_0000S"}; written last
+      checkpoints/step_0000S/
+        model.safetensors         the weights (safetensors: no code can hide in it)
+        state.pt                  optimizer, scheduler, step, RNG states, data position
+                                  (plain tensors/containers; read with torch.load(weights_only=True))
+        config.json               {"model": ModelConfig, "train": TrainConfig} as plain dicts
+        meta.json                 size + sha256 of the three files above; written after them
+
+Every file is written to a temporary name, fsynced and renamed (``os.replace``), so a reader never
+sees half a file under a final name. ``meta.json`` is written after the files it describes and
+``latest.json`` after ``meta.json``: a checkpoint without a valid ``meta.json`` is incomplete, and a
+file whose size or hash differs from ``meta.json`` is corrupt. Both are reported with their path and
+the previous checkpoint is used instead (the last ``keep`` checkpoints are kept, 2 by default).
+
+``load_model(path)`` rebuilds a DepthPack from any of: a run folder, a checkpoint folder, or a
+``model.safetensors`` file (with its ``config.json`` beside it).
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import ModelConfig, from_dict
+from .model import DepthPack
+from .files import atomic_write_bytes, atomic_write_json, sha256_bytes
+
+WEIGHTS, STATE, CONFIG, META, LATEST = "model.safetensors", "state.pt", "config.json", "meta.json", "latest.json"
+CKPT_DIR = "checkpoints"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete or corrupt (the message names the file)."""
+
+
+# ---- RNG state as plain tensors / containers (loadable with weights_only=True) -----------------
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()  # ('MT19937', uint32[624], pos, has_gauss, cached)
+    py_state = random.getstate()  # (version, tuple of 625 ints, gauss)
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- save ---------------------------------------------------------------------------------------
+def step_dir(out_dir: str | Path, step: int) -> Path:
+    return Path(out_dir) / CKPT_DIR / f"step_{step:08d}"
+
+
+def save_checkpoint(out_dir: str | Path, step: int, model: torch.nn.Module, state: dict[str, Any],
+                    config: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint `step` atomically, then latest.json, then prune to the last `keep`.
+
+    model: the bare DepthPack (not the DDP wrapper); state: the training state (tensors, numbers,
+    lists, dicts only); config: {"model": ..., "train": ...} plain dicts. Returns the checkpoint folder.
+    """
+    from safetensors.torch import save as st_save
+
+    d = step_dir(out_dir, step)
+    d.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    blobs = {
+        WEIGHTS: st_save(tensors, metadata={"format": "pt", "step": str(step)}),
+        STATE: _torch_bytes(state),
+        CONFIG: (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+    }
+    for name, data in blobs.items():
+        atomic_write_bytes(d / name, data)
+    atomic_write_json(d / META, {"step": step, "files": {n: {"size": len(b), "sha256": sha256_bytes(b)} for n, b in blobs.items()}})
+    atomic_write_json(Path(out_dir) / LATEST, {"step": step, "path": str(d.relative_to(out_dir))})
+    _prune(out_dir, keep)
+    return d
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    import io
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _prune(out_dir: str | Path, keep: int) -> None:
+    dirs = list_checkpoints(out_dir)
+    for d in dirs[:-keep] if keep > 0 else []:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- find + verify + load -----------------------------------------------------------------------
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Checkpoint folders of a run, oldest first (by step number in the name)."""
+    root = Path(out_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()]
+    return sorted(dirs, key=lambda p: int(p.name[5:]))
+
+
+def verify_checkpoint(d: str | Path, names: tuple[str, ...] = (WEIGHTS, STATE, CONFIG)) -> dict[str, bytes]:
+    """Read and check the files of checkpoint folder d against its meta.json; returns their bytes.
+    Raises CheckpointError naming the file that is missing, truncated or corrupt."""
+    d = Path(d)
+    meta_path = d / META
+    if not meta_path.is_file():
+        raise CheckpointError(f"checkpoint {d} is incomplete: {META} is missing (the write was interrupted?)")
+    try:
+        meta = json.loads(meta_path.read_text())
+        files = meta["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {meta_path} is corrupt: {e}") from None
+    out = {}
+    for name in names:
+        path = d / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing")
+        if name not in files:
+            raise CheckpointError(f"checkpoint {meta_path} does not describe {name}")
+        data = path.read_bytes()
+        want = files[name]
+        if len(data) != want["size"]:
+            raise CheckpointError(f"checkpoint file {path} is truncated or corrupt: {len(data)} bytes, expected {want['size']}")
+        if sha256_bytes(data) != want["sha256"]:
+            raise CheckpointError(f"checkpoint file {path} is corrupt: sha256 differs from {META}")
+        out[name] = data
+    return out
+
+
+def load_state_bytes(data: bytes, where: str | Path = "<bytes>") -> dict[str, Any]:
+    """torch.load with weights_only=True: tensors and plain containers only, never arbitrary objects."""
+    import io
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle.UnpicklingError for forbidden globals, RuntimeError for bad zips
+        raise CheckpointError(f"{where}: refused or unreadable training state ({type(e).__name__}: {e})") from None
+
+
+def load_weights_bytes(data: bytes, where: str | Path = "<bytes>") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load as st_load
+    try:
+        return st_load(data)
+    except Exception as e:
+        raise CheckpointError(f"{where}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+
+
+def latest_checkpoint(out_dir: str | Path) -> tuple[Path, dict[str, bytes]] | None:
+    """The newest checkpoint of a run that verifies, with its file bytes; None if the run has none.
+
+    latest.json names the newest complete one; if it is corrupt (or latest.json is), older
+    checkpoints are tried in turn, newest first, each failure warned about with its path.
+    """
+    out_dir = Path(out_dir)
+    candidates = list(reversed(list_checkpoints(out_dir)))
+    latest = out_dir / LATEST
+    if latest.is_file():
+        try:
+            named = out_dir / json.loads(latest.read_text())["path"]
+            candidates = [named] + [c for c in candidates if c.resolve() != named.resolve()]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            warnings.warn(f"{latest} is corrupt ({e}); scanning {out_dir / CKPT_DIR} instead")
+    errors = []
+    for d in candidates:
+        try:
+            return d, verify_checkpoint(d)
+        except CheckpointError as e:
+            errors.append(str(e))
+            warnings.warn(f"{e}; trying the previous checkpoint")
+    if errors:
+        raise CheckpointError(f"no usable checkpoint in {out_dir}: " + "; ".join(errors))
+    return None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run folder, a checkpoint folder or a model.safetensors file -> the checkpoint folder."""
+    path = Path(path)
+    if path.is_file():
+        return path.parent
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if (path / WEIGHTS).is_file():
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        raise CheckpointError(f"{path} holds no checkpoint (no {WEIGHTS}, no {LATEST}, no {CKPT_DIR}/step_*)")
+    return found[0]
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """Rebuild a DepthPack from a checkpoint, in eval mode.
+
+    path: a run folder (its newest checkpoint that verifies), a checkpoint folder, or a
+    model.safetensors file with its config.json beside it. The model is built from the stored
+    ModelConfig (never from a backbone file: the trained weights replace it) and loaded strictly:
+    a missing, extra or misshapen tensor is an error naming the file. Where meta.json is present
+    the files are checked against it (size + sha256) first. Nothing is unpickled.
+    """
+    d = resolve_checkpoint(path)
+    if (d / META).is_file():
+        blobs = verify_checkpoint(d, (WEIGHTS, CONFIG))
+    else:  # a bare model.safetensors + config.json (e.g. copied by hand): no hashes to check
+        for name in (WEIGHTS, CONFIG):
+            if not (d / name).is_file():
+                raise CheckpointError(f"checkpoint {d}: {name} is missing")
+        blobs = {n: (d / n).read_bytes() for n in (WEIGHTS, CONFIG)}
+    try:
+        stored = json.loads(blobs[CONFIG])
+        mcfg = dict(stored["model"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{d / CONFIG}: not a depthpack checkpoint config ({e})") from None
+    mcfg["backbone_weights"] = None
+    model = DepthPack(from_dict(ModelConfig, mcfg))
+    state = load_weights_bytes(blobs[WEIGHTS], d / WEIGHTS)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{d / WEIGHTS} does not match the model of {d / CONFIG}: {e}") from None
+    model.eval()
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.to(device)
+
+
+def stored_config(path: str | Path) -> dict[str, Any]:
+    """The {"model": ..., "train": ...} dict stored with a checkpoint (run folder, folder or file)."""
+    d = resolve_checkpoint(path)
+    return json.loads((d / CONFIG).read_text())

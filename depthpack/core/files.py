@@ -1,0 +1,190 @@
+"""Files a user relies on: written atomically (a reader sees the old file or the new one, never half of
+one) and identified by sha256.
+
+A write goes to a temporary name in the same folder (`.NAME.tmpPID`), is fsynced, then renamed over
+the final name (os.replace is atomic on POSIX) and the folder is fsynced. A kill at any moment leaves
+at most a stray temporary file, which `remove_stale_temporaries` clears.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+_TMP = re.compile(r"^\..+\.tmp(\d+)$")
+
+
+def fsync_dir(path: str | Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temporary_name(path: str | Path) -> Path:
+    """Where an atomic write of `path` stages its bytes: hidden, in the same folder, per process."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write data to path through a temporary file in the same folder + fsync + os.replace."""
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | Path, obj: Any, sort_keys: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete `.NAME.tmpPID` files left in folder by killed writers (never a live process's own)."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        m = _TMP.match(p.name)
+        if m and p.is_file() and not _alive(int(m[1])):
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_writable_dir(path: str | Path, what: str) -> Path:
+    """Create folder `path` if needed and prove it takes a file; a ValueError naming `what` if not
+    (a file in the way, a path under a file, no permission, an empty name)."""
+    if path is None or str(path).strip() == "":
+        raise ValueError(f"{what}: an empty path is not a folder")
+    path = Path(path)
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.is_dir():
+            where = "is a file" if parent == path else f"lies under the file {parent}"
+            raise ValueError(f"{what} {path} {where}, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write_probe.tmp{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be written: {e.strerror or e}") from None
+    return path
+
+
+# ---- folders: build aside, swap in ---------------------------------------------------------------
+_RENAME_EXCHANGE = 2
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+    import platform
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    args = (-100, os.fsencode(a), -100, os.fsencode(b), _RENAME_EXCHANGE)  # AT_FDCWD = -100
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        rc = fn(ctypes.c_int(args[0]), ctypes.c_char_p(args[1]), ctypes.c_int(args[2]), ctypes.c_char_p(args[3]),
+                ctypes.c_uint(args[4]))
+    elif platform.machine() in _SYS_RENAMEAT2:
+        rc = libc.syscall(ctypes.c_long(_SYS_RENAMEAT2[platform.machine()]), ctypes.c_int(args[0]),
+                          ctypes.c_char_p(args[1]), ctypes.c_int(args[2]), ctypes.c_char_p(args[3]), ctypes.c_uint(args[4]))
+    else:
+        return False
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    import errno as _errno
+    if err in (_errno.EINVAL, _errno.ENOSYS, _errno.ENOTSUP, _errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def staging_dir(dest: str | Path) -> Path:
+    """A fresh sibling folder to build the next version of dest in (same filesystem, so it can be
+    swapped in); stale ones of killed builders are removed first."""
+    dest = Path(dest)
+    parent = dest.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for p in parent.glob(f".{dest.name}.*-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if p.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            import shutil
+            shutil.rmtree(p, ignore_errors=True)
+    staged = parent / f".{dest.name}.staging-{os.getpid()}"
+    if staged.exists():
+        import shutil
+        shutil.rmtree(staged)
+    staged.mkdir()
+    return staged
+
+
+def publish_dir(staged: str | Path, dest: str | Path) -> None:
+    """Make the complete folder `staged` the folder `dest`: an atomic exchange where the platform has
+    one (Linux), so a kill at any moment leaves dest as the old complete version or the new one; the
+    old version is then deleted."""
+    import shutil
+
+    staged, dest = Path(staged), Path(dest)
+    fsync_dir(staged)
+    if not dest.exists():
+        os.rename(staged, dest)
+    elif _exchange(staged, dest):
+        shutil.rmtree(staged, ignore_errors=True)  # it now holds the old version
+    else:  # no atomic exchange here: two renames, the old version kept until the new one is in place
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        os.rename(dest, old)
+        os.rename(staged, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(dest.parent)

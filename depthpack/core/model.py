@@ -1,0 +1,320 @@
+"""DepthPack: a timm ViT that runs only over the tokens the queried points need.
+
+Three paths over one set of weights:
+    model(images, points)                 packed:  cls + anchors + K selected patches, dense attention
+    model.forward_masked(images, points)  masked:  every token, keys restricted to the packed selection
+    model.forward_dense(images, points?)  dense:   every token, no mask; without points a [B,H,W] map
+Each is forward_features (tokens through the blocks) then forward_head (the query head), as timm
+splits its models; forward_packed / forward_masked_core / forward_dense_core are the unchecked static
+cores the runtimes compile and capture, all of signature (images, points, bucket).
+
+images [B,3,H,W] float RGB in [0,1] (normalized inside); points [B,Q,2] float (x, y) pixels.
+A point (x, y) belongs to pixel (floor(x), floor(y)) and to patch (floor(y/p), floor(x/p)).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+
+from .config import ModelConfig, model_config
+from .packing import key_mask_from_index, patch_of_points, run_chunked, select_tokens, spread_rank
+from .validation import check_images, check_inputs
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[B,C,H,W] -> [B,N,C*p*p], patches row-major, each flattened as (c, i, j) like Conv2d's weight."""
+    B, C, H, W = x.shape
+    return x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)
+
+
+class QueryHead(nn.Module):
+    """Depth at a point from its patch token and its offset inside the patch (sub-patch precision).
+
+    depth = exp(log_min + (log_max - log_min) * sigmoid(mlp(tok(feature) + off(fourier(offset))
+                                                          [+ pos(fourier(position in the image))])))
+    so depth is positive and bounded to [min_depth, max_depth] by construction. The optional
+    position term (abs_img_size given) lets the head write depth as a smooth function of where the
+    point is, which a fixed camera makes informative (the floor's depth is a function of the row),
+    instead of a token-wise constant plus an in-patch correction.
+    """
+
+    def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float,
+                 abs_img_size: tuple[int, int] | None = None):
+        super().__init__()
+        self.patch_size = patch_size
+        self.log_min, self.log_max = math.log(min_depth), math.log(max_depth)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.tok = nn.Linear(dim, hidden)
+        self.off = nn.Linear(2 + 4 * freqs, hidden, bias=False)
+        self.abs_wh = None if abs_img_size is None else (float(abs_img_size[1]), float(abs_img_size[0]))
+        self.pos = nn.Linear(2 + 4 * freqs, hidden, bias=False) if abs_img_size is not None else None
+        self.mlp = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
+        # integer exponents: a dtype cast of the module (model.to(bf16)) cannot round them
+        self.register_buffer("freq_pow", torch.arange(freqs), persistent=False)
+
+    @property
+    def freq(self) -> torch.Tensor:
+        # [F] float32 2^k * pi, always float32 whatever dtype the module was cast to
+        return torch.exp2(self.freq_pow.float()) * math.pi
+
+    def token_features(self, feats: torch.Tensor) -> torch.Tensor:
+        # feats [B,T,D] -> [B,T,hidden]; per token, so it can run before or after the gather
+        return self.tok(self.norm(feats))
+
+    def fourier(self, u: torch.Tensor) -> torch.Tensor:
+        # u [...,2] float32 in [-0.5, 0.5) -> [..., 2 + 4F]
+        ang = u.unsqueeze(-1) * self.freq  # [...,2,F]
+        return torch.cat([u, ang.sin().flatten(-2), ang.cos().flatten(-2)], dim=-1)
+
+    def encode_offset(self, points: torch.Tensor) -> torch.Tensor:
+        # points [...,2] float32 pixels -> [..., 2 + 4F]; u in [-0.5, 0.5) inside the patch
+        return self.fourier(torch.remainder(points.float(), self.patch_size) / self.patch_size - 0.5)
+
+    def encode_position(self, points: torch.Tensor) -> torch.Tensor:
+        # points [...,2] float32 pixels (x, y) -> [..., 2 + 4F]; v in [-0.5, 0.5) across the image
+        wh = torch.tensor(self.abs_wh, dtype=torch.float32, device=points.device)
+        return self.fourier(points.float() / wh - 0.5)
+
+    def decode(self, htok: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        # htok [B,Q,hidden] (the query's token), points [B,Q,2] -> depth [B,Q] float32 meters
+        h = htok + self.off(self.encode_offset(points).to(htok.dtype))
+        if self.pos is not None:
+            h = h + self.pos(self.encode_position(points).to(htok.dtype))
+        t = torch.sigmoid(self.mlp(h).squeeze(-1).float())
+        return torch.exp(self.log_min + (self.log_max - self.log_min) * t)
+
+
+class DepthPack(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        p = cfg.patch_size
+        self.backbone = VisionTransformer(
+            img_size=cfg.img_size, patch_size=p, embed_dim=cfg.embed_dim, depth=cfg.depth,
+            num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, init_values=cfg.init_values,
+            num_classes=0, class_token=True, global_pool="token", dynamic_img_size=False)
+        if cfg.backbone_weights:
+            load_backbone_weights(self.backbone, cfg.backbone_weights)
+        gh, gw = cfg.grid
+        g = cfg.anchor_grid
+        # anchors: a g x g thumbnail embedded by the same patch embedding, with their own positions
+        anchor_pos = resample_abs_pos_embed(self.backbone.pos_embed.detach()[:, 1:], new_size=(g, g),
+                                            old_size=(gh, gw), num_prefix_tokens=0) if g else torch.zeros(1, 0, cfg.embed_dim)
+        self.anchor_pos = nn.Parameter(anchor_pos.clone())
+        self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth,
+                              cfg.img_size if cfg.head_abs_pos else None)
+        self.register_buffer("mean", torch.tensor(cfg.mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(cfg.std).view(1, 3, 1, 1), persistent=False)
+        # the selection's tie-breaker as integer ranks (rank / N in float32 at use): rounded to bf16
+        # by model.to(bf16), distinct values would tie, and topk on ties is kernel-dependent
+        self.register_buffer("spread_rank", spread_rank(gh, gw), persistent=False)
+        self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
+        self.fused_embed = False  # fast-path switch: Triton gather+embed kernel (kernels/patch_embed.py), CUDA only
+
+    # ---- pieces ---------------------------------------------------------------------------------
+    @property
+    def num_prefix(self) -> int:
+        return 1 + (self.cfg.num_anchors if self.use_anchors else 0)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        # float RGB [0,1] (any float dtype) -> normalized, in the model's dtype
+        return (images.to(self.mean.dtype) - self.mean) / self.std
+
+    def patch_pos(self, gh: int, gw: int) -> torch.Tensor:
+        # [1,N,D] position embeddings of the patch grid (resampled if the image size differs)
+        pos = self.backbone.pos_embed[:, 1:]
+        if (gh, gw) != self.cfg.grid:
+            pos = resample_abs_pos_embed(pos, new_size=(gh, gw), old_size=self.cfg.grid, num_prefix_tokens=0)
+        return pos
+
+    def patch_linear(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """timm's patch-embedding Conv2d(3, D, p, stride p) as a Linear over (c, i, j): ([D,3pp], [D])."""
+        proj = self.backbone.patch_embed.proj
+        return proj.weight.reshape(proj.weight.shape[0], -1), proj.bias
+
+    def embed_patches(self, x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        """Patch-embed only the selected patches. x [B,3,H,W] normalized, index [B,S] (None: every
+        patch, row-major) -> [B,S,D]."""
+        B, C, H, W = x.shape
+        p = self.cfg.patch_size
+        gh, gw = H // p, W // p
+        if index is None:
+            index = torch.arange(gh * gw, device=x.device).expand(B, gh * gw)
+        weight, bias = self.patch_linear()
+        if self.fused_embed:  # same computation in one Triton kernel; torch reference below
+            from ..kernels.patch_embed import fused_patch_embed
+            return fused_patch_embed(x, index, weight, bias, self.patch_pos(gh, gw)[0], p)
+        patches = patchify(x, p)  # [B,N,3pp]
+        picked = torch.gather(patches, 1, index.unsqueeze(-1).expand(-1, -1, C * p * p))  # [B,S,3pp]
+        tok = F.linear(picked, weight, bias)
+        pos = self.patch_pos(gh, gw).expand(B, -1, -1)
+        return tok + torch.gather(pos, 1, index.unsqueeze(-1).expand(-1, -1, pos.shape[-1]))
+
+    def anchors(self, x: torch.Tensor) -> torch.Tensor:
+        """A = g*g tokens that see the whole image: a (g*p)^2 thumbnail, embedded. x normalized -> [B,A,D]."""
+        B = x.shape[0]
+        g, p = self.cfg.anchor_grid, self.cfg.patch_size
+        if not (self.use_anchors and g):
+            return x.new_zeros(B, 0, self.cfg.embed_dim)
+        side = g * p
+        kh, kw = max(1, x.shape[-2] // side), max(1, x.shape[-1] // side)
+        thumb = F.avg_pool2d(x, (kh, kw)) if (kh, kw) != (1, 1) else x  # box filter against aliasing
+        if thumb.shape[-2:] != (side, side):
+            thumb = F.interpolate(thumb, size=(side, side), mode="bilinear", align_corners=False)
+        weight, bias = self.patch_linear()
+        if self.fused_embed:  # the same embedding through the Triton kernel
+            from ..kernels.patch_embed import fused_patch_embed
+            index = torch.arange(g * g, device=x.device).expand(B, g * g).contiguous()
+            return fused_patch_embed(thumb.contiguous(), index, weight, bias, self.anchor_pos[0], p)
+        # the patch-embedding conv as a matmul over the thumbnail's patches: the same function, as a
+        # plain GEMM (cuDNN picks a slow conv kernel for this shape: docs/bench/h200/profile.md)
+        tok = F.linear(patchify(thumb, p), weight, bias)  # [B,A,D]
+        return tok + self.anchor_pos
+
+    def prefix(self, x: torch.Tensor) -> torch.Tensor:
+        # cls (+ its position) and anchors: [B, 1 + A, D]
+        cls = (self.backbone.cls_token + self.backbone.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
+        return torch.cat([cls, self.anchors(x)], dim=1)
+
+    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # tokens [B,S,D] -> [B,S,D]; timm's blocks as timm defines them
+        x = self.backbone.norm_pre(tokens)
+        for blk in self.backbone.blocks:
+            x = blk(x, attn_mask=attn_mask)
+        return self.backbone.norm(x)
+
+    def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
+        p = self.cfg.patch_size
+        return images.shape[-2] // p, images.shape[-1] // p
+
+    def select(self, images: torch.Tensor, points: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed selection: index [B,S] of the buffer's patches, query_slot [B,Q] (packing.select_tokens)."""
+        grid = self.grid_of(images)
+        rank = self.spread_rank if grid == self.cfg.grid else spread_rank(*grid, device=images.device)
+        return select_tokens(points, bucket, self.cfg.patch_size, grid, rank)
+
+    # ---- features and head (timm's split), the three paths as unchecked static cores -------------
+    def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
+                         attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """images [B,3,H,W] in [0,1] -> features [B,S,D] of the patches in index (None: all N, row-major),
+        after cls + anchors + those patches ran through the blocks (attn_mask over all 1+A+S keys)."""
+        x = self.normalize(images)
+        pre = self.prefix(x)  # [B,1+A,D]
+        tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,1+A+S,D]
+        return self.run_blocks(tokens, attn_mask)[:, pre.shape[1]:]
+
+    def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        """feats [B,S,D], slot [B,Q] (the token of each query), points [B,Q,2] -> depth [B,Q] float32."""
+        htok = self.head.token_features(feats)  # [B,S,h]
+        htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
+        return self.head.decode(htok, points)
+
+    def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int) -> torch.Tensor:
+        """Packed path for Q <= bucket queries: cls + anchors + the selected patches. -> depth [B,Q]."""
+        index, slot = self.select(images, points, bucket)
+        return self.forward_head(self.forward_features(images, index), slot, points)
+
+    def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int) -> torch.Tensor:
+        """Masked baseline: all 1+A+N tokens, keys restricted to the packed selection."""
+        index, _ = self.select(images, points, bucket)
+        grid = self.grid_of(images)
+        keep = key_mask_from_index(index, grid[0] * grid[1], self.num_prefix)  # [B,1+A+N] bool
+        # additive mask, finfo.min rather than -inf so no row can turn into NaN (timm's habit)
+        dtype = self.mean.dtype
+        attn_mask = torch.zeros(keep.shape, dtype=dtype, device=images.device)
+        attn_mask = attn_mask.masked_fill(~keep, torch.finfo(dtype).min)[:, None, None, :]
+        feats = self.forward_features(images, None, attn_mask)  # [B,N,D]
+        return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, grid), points)
+
+    def forward_dense_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None = None) -> torch.Tensor:
+        """Dense path at points: every token, no mask (bucket unused: the same signature as the others)."""
+        feats = self.forward_features(images)
+        return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, self.grid_of(images)), points)
+
+    # ---- public, checked API --------------------------------------------------------------------
+    def forward(self, images: torch.Tensor, points) -> torch.Tensor:
+        """Packed path: depth [B,Q] float32 meters at each (x, y) point."""
+        images, points = check_inputs(images, points, self.cfg.patch_size)
+        return run_chunked(self.forward_packed, images, points, self.cfg.buckets)
+
+    def forward_masked(self, images: torch.Tensor, points) -> torch.Tensor:
+        images, points = check_inputs(images, points, self.cfg.patch_size)
+        return run_chunked(self.forward_masked_core, images, points, self.cfg.buckets)
+
+    def forward_dense(self, images: torch.Tensor, points=None) -> torch.Tensor:
+        """All tokens, no mask. With points: depth [B,Q]; without: a full-resolution map [B,H,W]."""
+        if points is None:
+            images = check_images(images, self.cfg.patch_size)
+            return self.depth_map(images)
+        images, points = check_inputs(images, points, self.cfg.patch_size)
+        if points.shape[1] == 0:
+            return torch.zeros(images.shape[0], 0, device=images.device)
+        return self.forward_dense_core(images, points)
+
+    def depth_map(self, images: torch.Tensor) -> torch.Tensor:
+        """Dense depth at every integer pixel (x, y): [B,H,W], equal to querying each pixel."""
+        B, _, H, W = images.shape
+        p = self.cfg.patch_size
+        gh, gw = self.grid_of(images)
+        htok = self.head.token_features(self.forward_features(images))  # [B,N,h]
+        hd = htok.shape[-1]
+        htok = htok.view(B, gh, 1, gw, 1, hd).expand(B, gh, p, gw, p, hd)  # token of each pixel
+        ys, xs = torch.meshgrid(torch.arange(H, device=images.device), torch.arange(W, device=images.device), indexing="ij")
+        pts = torch.stack([xs, ys], -1).float().view(1, gh, p, gw, p, 2).expand(B, -1, -1, -1, -1, -1)
+        depth = self.head.decode(htok.reshape(B, H * W, hd), pts.reshape(B, H * W, 2))
+        return depth.view(B, gh, p, gw, p).reshape(B, H, W)
+
+
+def load_backbone_weights(backbone: VisionTransformer, path: str | Path) -> None:
+    """Load a timm or original-DINOv2 state dict from a local file, never unpickling arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"backbone_weights: no such file {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for key in ("model", "state_dict", "teacher"):
+            if isinstance(state, dict) and key in state and isinstance(state[key], dict):
+                state = state[key]
+    state = checkpoint_filter_fn(state, backbone)  # DINOv2 original -> timm names, pos-embed resample
+    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("head")]
+    if missing:
+        raise ValueError(f"backbone_weights {path}: {len(missing)} backbone tensors missing, e.g. {missing[:5]}")
+    unexpected = [k for k in unexpected if not k.startswith(("head", "mask_token"))]
+    if unexpected:
+        raise ValueError(f"backbone_weights {path}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:5]}")
+
+
+def random_weights_(model: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
+    """Seeded random weights of a sensible size, in place, for tests and `export --preset`.
+
+    timm's init with LayerScale 1e-5 makes the blocks near-identities, which would let a broken mask,
+    a wrong selection or a parity check pass vacuously; here attention between tokens really matters.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * scale / p[0].numel() ** 0.5)
+            elif name.endswith("gamma"):  # LayerScale
+                p.fill_(1.0)
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def create_model(preset: str | ModelConfig = "vits", **overrides) -> DepthPack:
+    """create_model('tiny'), create_model('vits', anchor_grid=4), or create_model(ModelConfig(...))."""
+    cfg = preset if isinstance(preset, ModelConfig) else model_config(preset, **overrides)
+    return DepthPack(cfg)

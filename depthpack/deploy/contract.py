@@ -1,0 +1,176 @@
+"""The export folder's contract: what export/export.py writes and every runner reads.
+
+One home for it: the exporter (depthpack.deploy.export), the Python loader (depthpack.runtime.aoti),
+the tests and the C++ runner (deploy_cpp/manifest.h, held to this module by a test) all follow it.
+
+A folder holds manifest.json (FORMAT), one AOTInductor package per bucket (package_name), the
+reference files and optionally ONNX models. Each package runs the packed forward (token selection
+included) for one bucket K: its inputs are listed by name in the manifest, in call order, each a
+contiguous tensor of a fixed shape and dtype:
+    images  float32 [B,3,H,W]  RGB in [0,1] at the model's size
+    points  float32 [B,K,2]    (x, y) pixels of that image
+and it returns depth float32 [B,K] meters; normalization and the compute dtype are inside.
+"""
+from __future__ import annotations
+
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+from ..core.files import sha256_file
+
+FORMAT = "depthpack-manifest/2"
+MANIFEST = "manifest.json"
+REFERENCE = "reference.safetensors"
+REFERENCE_IMAGE = "reference.png"
+REFERENCE_POINTS = "reference_points.csv"
+
+# the manifest's keys, in the order the exporter writes them; deploy_cpp/manifest.h lists the same
+REQUIRED_KEYS = ("format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
+                 "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
+                 "tolerance", "buckets", "reference")
+OPTIONAL_KEYS = ("onnx",)
+BUCKET_KEYS = ("bucket", "file", "sha256", "inputs", "outputs")
+TENSOR_DTYPES = ("float32", "uint8")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# |package - eager| <= atol + rtol * |eager|, depth in meters. float32 packages differ from eager only by
+# kernel fusion order; bf16/fp16 by rounding inside fused kernels, amplified by the exp(sigmoid) depth
+# head (d depth / depth <= 0.25 * log(max/min) * d logit).
+TOLERANCE = {"float32": {"atol": 1e-3, "rtol": 1e-3},
+             "float16": {"atol": 2e-2, "rtol": 2e-2},
+             "bfloat16": {"atol": 5e-2, "rtol": 5e-2}}
+PREPROCESS = {"channel_order": "RGB", "resize": "bilinear", "scale": 1.0 / 255.0, "layout": "NCHW",
+              "normalize_inside": True, "points": "original image pixels (x, y), scaled by (W/w0, H/h0)"}
+
+
+def package_name(bucket: int) -> str:
+    return f"depthpack_k{bucket}.pt2"
+
+
+def onnx_name(bucket: int) -> str:
+    return f"depthpack_k{bucket}.onnx"
+
+
+def tensor_spec(name: str, shape, dtype: str = "float32") -> dict:
+    return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype}
+
+
+def io_specs(image_size: tuple[int, int], batch: int, bucket: int) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of the package of one bucket, in call order."""
+    H, W = image_size
+    return ([tensor_spec("images", [batch, 3, H, W]), tensor_spec("points", [batch, bucket, 2])],
+            [tensor_spec("depth", [batch, bucket])])
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, malformed or inconsistent (the message names the file and the key)."""
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The manifest at path, with every key the runners rely on checked: one ManifestError naming the
+    file and what is wrong, never a KeyError later."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"manifest {path}: no such file")
+    if path.stat().st_size > (1 << 24):
+        raise ManifestError(f"manifest {path}: {path.stat().st_size} bytes is too large for a manifest")
+    try:
+        m = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"manifest {path}: not valid JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        got = m.get("format") if isinstance(m, dict) else type(m).__name__
+        raise ManifestError(f"manifest {path}: not a {FORMAT} manifest (format {got!r}); re-export with this depthpack")
+    missing = [k for k in REQUIRED_KEYS if k not in m]
+    if missing:
+        raise ManifestError(f"manifest {path}: missing keys {missing}")
+    w = f"manifest {path}"
+    _need(isinstance(m["image_size"], list) and len(m["image_size"]) == 2 and all(_pos_int(v) for v in m["image_size"]),
+          w, "image_size must be [H, W]")
+    _need(_pos_int(m["batch_size"]), w, "batch_size must be a positive integer")
+    _need(m["device"] in ("cpu", "cuda"), w, f"device must be 'cpu' or 'cuda', got {m['device']!r}")
+    _need(m["dtype"] in DTYPES, w, f"dtype must be one of {sorted(DTYPES)}, got {m['dtype']!r}")
+    tol = m["tolerance"]
+    _need(isinstance(tol, dict) and all(isinstance(tol.get(k), (int, float)) for k in ("atol", "rtol")), w,
+          "tolerance must hold numbers atol and rtol")
+    buckets = m["buckets"]
+    _need(isinstance(buckets, list) and buckets, w, "buckets must list at least one package")
+    prev = 0
+    for i, b in enumerate(buckets):
+        wb = f"{w}: buckets[{i}]"
+        _need(isinstance(b, dict), wb, "must be an object")
+        missing = [k for k in BUCKET_KEYS if k not in b]
+        _need(not missing, wb, f"missing keys {missing}")
+        _need(_pos_int(b["bucket"]) and b["bucket"] > prev, wb, "buckets must be positive and ascending")
+        prev = b["bucket"]
+        _need(isinstance(b["file"], str) and "/" not in b["file"] and b["file"] not in ("", ".", ".."), wb,
+              f"file must be a plain file name, got {b['file']!r}")
+        _need(isinstance(b["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", b["sha256"]) is not None, wb,
+              "sha256 must be 64 lowercase hex digits")
+        want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"])
+        if b["inputs"] != want_in or b["outputs"] != want_out:
+            shapes = lambda specs: [t.get("shape") if isinstance(t, dict) else t for t in specs]  # noqa: E731
+            raise ManifestError(f"{wb}: tensor shapes {shapes(b['inputs'])} -> {shapes(b['outputs'])} are not those of "
+                                f"bucket {b['bucket']}: {shapes(want_in)} -> {shapes(want_out)}")
+    ref = m["reference"]
+    _need(isinstance(ref, dict) and isinstance(ref.get("file"), str) and isinstance(ref.get("sha256"), str), w,
+          "reference must hold file and sha256")
+    return m
+
+
+def _pos_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _need(ok: bool, where: str, what: str) -> None:
+    if not ok:
+        raise ManifestError(f"{where}: {what}")
+
+
+def verify_file(path: Path, expected: str, what: str) -> None:
+    """A clear ValueError when a file the manifest lists is missing or its sha256 differs."""
+    if not path.is_file():
+        raise ManifestError(f"{what} {path} is listed in the manifest but missing")
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ManifestError(f"{what} {path}: sha256 mismatch (manifest {expected[:16]}..., file {actual[:16]}...): "
+                            f"the file changed after export or is corrupt; re-export it")
+
+
+def minor_version(v: str) -> str:
+    return ".".join(v.split("+")[0].split(".")[:2])
+
+
+def check_device(manifest: dict, device: torch.device) -> None:
+    """Refuse, with one clear message, packages this process cannot run (before the loader sees them)."""
+    built, arch = manifest["device"], platform.machine()
+    if manifest["arch"] != arch:
+        raise ManifestError(f"the packages were built for {manifest['arch']}, this machine is {arch}: "
+                            f"a .pt2 holds native code for one CPU architecture; export on this machine")
+    if built != device.type:
+        raise ManifestError(f"the packages were built for {built}, asked to run them on {device.type}")
+    if built == "cuda":
+        if not torch.cuda.is_available():
+            raise ManifestError("the packages were built for CUDA, but CUDA is not available in this process")
+        cc = "{}.{}".format(*torch.cuda.get_device_capability(device))
+        if cc != manifest["compute_capability"]:
+            raise ManifestError(f"the packages were built for compute capability {manifest['compute_capability']}, "
+                                f"this GPU is {cc}: export on a GPU of the same kind")
+    if minor_version(manifest["torch_version"]) != minor_version(torch.__version__):
+        raise ManifestError(f"the packages were built with torch {manifest['torch_version']}, this is torch "
+                            f"{torch.__version__}: AOTInductor packages are tied to the torch they were built with")
+
+
+def within(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> tuple[bool, float]:
+    """(all |a - e| <= atol + rtol*|e| and a finite, max |a - e|), on float32 copies on the CPU."""
+    a, e = actual.detach().float().cpu(), expected.detach().float().cpu()
+    if a.shape != e.shape:
+        return False, float("inf")
+    diff = (a - e).abs()
+    ok = bool(torch.isfinite(a).all()) and bool((diff <= atol + rtol * e.abs()).all())
+    return ok, float(diff.max()) if diff.numel() else 0.0

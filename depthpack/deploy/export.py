@@ -1,0 +1,257 @@
+"""Export: one AOTInductor package per bucket, a manifest, a reference file, ONNX, a self-check.
+
+    python export/export.py --preset tiny --out /tmp/dp_tiny --buckets 8,64 --onnx
+    python export/export.py --checkpoint runs/vits --out /tmp/dp_export_vits --device cuda --dtype bfloat16
+
+The folder's contract is depthpack.deploy.contract. Steps (a failure at any step is one ExportError):
+  1. refuse targets this process cannot build for (a .pt2 holds native code for one CPU architecture
+     and one GPU compute capability: build it where it runs), and an --out that holds anything but
+     an earlier export;
+  2. in a staging folder beside --out: per bucket torch.export -> static-graph check -> AOTInductor;
+     the reference files; optionally ONNX; the manifest;
+  3. the self-check in a child process (depthpack.deploy.selfcheck);
+  4. only then the staging folder is swapped in for --out (core.files.publish_dir): a failed or
+     killed export leaves the previous export in --out complete and usable.
+"""
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..core.checkpoint import load_model
+from ..core.config import PRESETS, ModelConfig, model_config, to_dict
+from ..core.files import atomic_write_json, publish_dir, sha256_file, staging_dir
+from ..core.model import DepthPack, create_model, random_weights_
+from .contract import (DTYPES, FORMAT, MANIFEST, PREPROCESS, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE,
+                       io_specs, onnx_name, package_name)
+from .onnx import export_onnx
+from .package import ExportError, cast_model, compile_package, export_program
+from .reference import write_reference
+from .selfcheck import find_cpp_runner, self_check
+
+# named targets -> (CPU architecture, CUDA compute capability or None)
+TARGETS = {"jetson-orin": ("aarch64", "8.7"), "jetson-xavier": ("aarch64", "7.2"),
+           "h100": ("x86_64", "9.0"), "h200": ("x86_64", "9.0")}
+
+
+@dataclass
+class ExportOptions:
+    out: str
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: str = "float32"  # compute dtype inside the package
+    buckets: tuple[int, ...] | None = None  # None: the model config's ladder
+    batch: int = 1
+    onnx: bool = False
+    onnx_buckets: tuple[int, ...] | None = None  # None: every exported bucket (with onnx)
+    max_autotune: bool = False
+    inductor_configs: dict | None = None  # more Inductor settings for AOTInductor (e.g. fusion knobs)
+    target: str = "native"  # or a name in TARGETS, or "ARCH[:sm_XY]"
+    seed: int = 0
+    check_timeout_s: int = 900
+    cpp_runner: str | None = None  # C++ runner for the self-check where Python cannot load packages
+
+
+# ---- model ----------------------------------------------------------------------------------------
+def preset_of(cfg: ModelConfig) -> str | None:
+    """The preset whose config this is (ignoring the bucket ladder and the backbone file), else None."""
+    def key(c: ModelConfig) -> dict:
+        d = to_dict(c)
+        d.pop("buckets"), d.pop("backbone_weights")
+        return d
+    return next((name for name in PRESETS if key(model_config(name)) == key(cfg)), None)
+
+
+def load_for_export(checkpoint: str | None = None, preset: str | None = None, seed: int = 0) -> tuple[DepthPack, str | None]:
+    """(float32 CPU model in eval mode, preset name or None). A checkpoint is rebuilt from its stored
+    config and safetensors weights (nothing is unpickled); a preset gets seeded random weights."""
+    if (checkpoint is None) == (preset is None):
+        raise ExportError("give exactly one of --checkpoint CKPT or --preset NAME")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ExportError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        model = random_weights_(create_model(preset, backbone_weights=None), seed)
+        return model.eval(), preset
+    if not Path(checkpoint).exists():
+        raise ExportError(f"checkpoint {checkpoint}: no such file or folder")
+    model = load_model(checkpoint)
+    return model.float().cpu().eval(), preset_of(model.cfg)
+
+
+# ---- checks on the request ------------------------------------------------------------------------
+def parse_target(target: str) -> tuple[str, str | None] | None:
+    """None for 'native'; (arch, compute capability or None) for a name or 'ARCH[:sm_XY]'."""
+    if target in ("native", "", None):
+        return None
+    if target in TARGETS:
+        return TARGETS[target]
+    arch, _, sm = target.partition(":")
+    if arch not in ("x86_64", "aarch64") or (sm and not (sm.startswith("sm_") and sm[3:].isdigit() and len(sm) >= 5)):
+        raise ExportError(f"unknown target {target!r}: use native, one of {sorted(TARGETS)}, or ARCH[:sm_XY] "
+                          f"with ARCH x86_64 or aarch64 (e.g. aarch64:sm_87)")
+    return arch, (f"{sm[3:-1]}.{sm[-1]}" if sm else None)
+
+
+def resolve_device(device: str, target: str = "native") -> torch.device:
+    """The device to build for, or an ExportError when this process cannot build for it: AOTInductor
+    compiles for the CPU it runs on and the GPU it sees, so a package is built where it will run."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ExportError(f"--device {device!r}: use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ExportError(f"--device {device!r}: use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ExportError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__}); "
+                              f"a CUDA package must be built on a machine with the GPU that will run it")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ExportError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) visible")
+    wanted = parse_target(target)
+    if wanted is not None:
+        arch, cc = wanted
+        here = platform.machine()
+        if arch != here:
+            raise ExportError(f"cannot build for target {target} ({arch}{', sm_' + cc.replace('.', '') if cc else ''}) "
+                              f"on this {here} machine: a .pt2 holds native code for the CPU it was built on; "
+                              f"export on the target itself (deploy_cpp/README.md), or use --onnx and TensorRT there")
+        if cc is not None:
+            if dev.type != "cuda":
+                raise ExportError(f"target {target} is a GPU (sm_{cc.replace('.', '')}): add --device cuda")
+            have = "{}.{}".format(*torch.cuda.get_device_capability(dev))
+            if have != cc:
+                raise ExportError(f"cannot build for target {target} (sm_{cc.replace('.', '')}) on this GPU "
+                                  f"(sm_{have.replace('.', '')}): export on a GPU of the target's compute capability")
+    return dev
+
+
+def check_buckets(buckets, cfg: ModelConfig) -> tuple[int, ...]:
+    buckets = tuple(int(b) for b in buckets)
+    if not buckets:
+        raise ExportError("--buckets: give at least one capacity")
+    if any(b < 1 for b in buckets):
+        raise ExportError(f"--buckets {list(buckets)}: capacities must be positive")
+    if any(a >= b for a, b in zip(buckets, buckets[1:])):
+        raise ExportError(f"--buckets {list(buckets)}: capacities must be strictly ascending")
+    if buckets[-1] > cfg.num_patches:
+        raise ExportError(f"--buckets {list(buckets)}: {buckets[-1]} is more than the {cfg.num_patches} patches of a "
+                          f"{cfg.img_size[0]}x{cfg.img_size[1]} image (patch {cfg.patch_size})")
+    return buckets
+
+
+def check_out_dir(out: Path) -> None:
+    """--out must be new, empty, or a folder an earlier export wrote (it will be replaced whole)."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file, not a folder")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ExportError(f"--out {out} lies under the file {parent}")
+    if not out.is_dir():
+        return
+    names = {p.name for p in out.iterdir()}
+    ours = {MANIFEST, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, ".tmp_packages", ".manifest.unchecked.json"}
+    foreign = sorted(n for n in names if n not in ours and not n.startswith(".selfcheck_")
+                     and not (n.startswith("depthpack_k") and n.endswith((".pt2", ".onnx"))))
+    if foreign and MANIFEST not in names:
+        raise ExportError(f"--out {out} holds files that are not a depthpack export ({', '.join(foreign[:5])}); "
+                          f"the export replaces the whole folder: choose a new or empty one")
+    if foreign:
+        raise ExportError(f"--out {out} holds an export and other files ({', '.join(foreign[:5])}); the export "
+                          f"replaces the whole folder: move them out first")
+
+
+def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.device, buckets, bucket_entries,
+                   reference: dict, onnx_entries: list) -> dict:
+    mcfg = to_dict(cfg)
+    mcfg["buckets"] = list(buckets)
+    mcfg["backbone_weights"] = None
+    manifest = {
+        "format": FORMAT, "preset": preset, "model_config": mcfg,
+        "image_size": list(cfg.img_size), "patch_size": cfg.patch_size, "batch_size": opts.batch,
+        "device": device.type,
+        "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
+        "arch": platform.machine(), "dtype": opts.dtype, "torch_version": torch.__version__,
+        "min_depth": cfg.min_depth, "max_depth": cfg.max_depth,
+        "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[opts.dtype]),
+        "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
+    }
+    if onnx_entries:
+        manifest["onnx"] = [{k: e[k] for k in ("bucket", "file", "sha256")} for e in onnx_entries]
+    manifest["reference"] = reference
+    return manifest
+
+
+def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log=print) -> dict:
+    """Build the folder opts.out from a float32 CPU model; returns a summary with measured times.
+    Raises ExportError (a ValueError) on any refusal or failed check; opts.out is then untouched."""
+    if opts.dtype not in DTYPES:
+        raise ExportError(f"--dtype {opts.dtype!r}: choose one of {sorted(DTYPES)}")
+    if opts.batch < 1:
+        raise ExportError(f"--batch {opts.batch}: must be >= 1")
+    device = resolve_device(opts.device, opts.target)
+    if opts.cpp_runner:
+        find_cpp_runner(opts.cpp_runner)  # refuse a wrong path now, not after minutes of compiling
+    buckets = check_buckets(opts.buckets or model.cfg.buckets, model.cfg)
+    onnx_buckets = tuple(opts.onnx_buckets or buckets) if opts.onnx else ()
+    if set(onnx_buckets) - set(buckets):
+        raise ExportError(f"--onnx-buckets {list(onnx_buckets)}: each must be one of the exported buckets {list(buckets)}")
+    out = Path(opts.out)
+    check_out_dir(out)
+    staged = staging_dir(out)
+    try:
+        summary = _build(model, opts, preset, device, buckets, onnx_buckets, staged, log)
+        publish_dir(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    summary.update(out=str(out), manifest=str(out / MANIFEST))
+    return summary
+
+
+def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_buckets, out: Path, log) -> dict:
+    deployed = cast_model(model, DTYPES[opts.dtype], device)
+    g = torch.Generator().manual_seed(opts.seed)
+    inductor_configs = {"max_autotune": bool(opts.max_autotune), **(opts.inductor_configs or {})}
+    times: dict = {"export_s": {}, "compile_s": {}}
+    entries = []
+    t_all = time.perf_counter()
+    bar = tqdm(buckets, desc=f"AOTInductor {device.type} {opts.dtype}", unit="bucket", file=sys.stderr)
+    for k in bar:
+        bar.set_postfix_str(f"k={k} torch.export")
+        t0 = time.perf_counter()
+        ep = export_program(deployed, k, opts.batch, device, g)
+        t1 = time.perf_counter()
+        bar.set_postfix_str(f"k={k} compile")
+        path = compile_package(ep, out / package_name(k), inductor_configs)
+        t2 = time.perf_counter()
+        times["export_s"][k], times["compile_s"][k] = round(t1 - t0, 2), round(t2 - t1, 2)
+        log(f"bucket {k}: torch.export {t1 - t0:.1f} s, AOTInductor compile {t2 - t1:.1f} s -> {path.name}")
+        inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k)
+        entries.append({"bucket": k, "file": path.name, "sha256": sha256_file(path), "inputs": inputs, "outputs": outputs})
+    reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device)
+    onnx_entries = []
+    for k in onnx_buckets:
+        t0 = time.perf_counter()
+        e = export_onnx(model, k, opts.batch, out / onnx_name(k), g)
+        times.setdefault("onnx_s", {})[k] = round(time.perf_counter() - t0, 2)
+        log(f"ONNX bucket {k}: {e['exporter']} exporter, onnxruntime vs eager max |diff| {e['max_abs_diff']:.2e} m")
+        onnx_entries.append(e)
+    manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries)
+    atomic_write_json(out / MANIFEST, manifest, sort_keys=False)
+    t0 = time.perf_counter()
+    log("self-check: loading the packages in a child process (python -m depthpack.runtime.aoti --check)")
+    report = self_check(deployed, out / MANIFEST, buckets, opts.batch, device, g, opts.check_timeout_s,
+                        opts.cpp_runner, log)
+    times["check_s"] = round(time.perf_counter() - t0, 2)
+    times["total_s"] = round(time.perf_counter() - t_all, 2)
+    log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")
+    check = {k: report[k] for k in ("checker", "buckets", "reference", "load_s", "python_loader") if k in report}
+    return {"device": str(device), "dtype": opts.dtype, "buckets": list(buckets), "torch": torch.__version__,
+            "times": times, "check": check,
+            "onnx": [{k: e[k] for k in ("bucket", "exporter", "max_abs_diff")} for e in onnx_entries]}

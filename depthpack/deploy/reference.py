@@ -1,0 +1,83 @@
+"""The reference an export ships: an image at a size the model does not run at (so resizing and point
+scaling are exercised), points past the largest bucket (so chunking and padding are exercised), and
+the eager depths at them; every runner (the Python loader, the C++ runner) is held to it."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from ..core.files import sha256_file
+from ..core.model import DepthPack
+from ..core.packing import run_chunked
+from ..core.preprocess import load_image, scale_points
+from .contract import REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS
+
+
+def reference_image(h0: int, w0: int, seed: int) -> np.ndarray:
+    """uint8 RGB [h0,w0,3]: a rendered synthetic scene when depthpack.data has the renderer, else a
+    procedural pattern (sky gradient, checkered floor, discs) with edges at every scale."""
+    try:
+        from .data.synthetic import render
+        img = render(seed, 0, (h0, w0), scene="outdoor", split="test")["image"]
+        return np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    except Exception:  # noqa: BLE001 - no renderer (or a broken one): the procedural pattern will do
+        pass
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h0, 0:w0].astype(np.float32)
+    img = np.stack([0.3 + 0.4 * y / h0, 0.5 + 0.3 * y / h0, np.full_like(y, 0.9)], -1)
+    horizon = 0.45 * h0
+    floor = y > horizon
+    depth = 1.0 / np.maximum(y - horizon, 1.0)
+    check = ((np.floor((x - w0 / 2) * depth * 2) + np.floor(depth * 200)) % 2).astype(np.float32)
+    img[floor] = (0.25 + 0.5 * check[floor])[:, None] * np.array([0.9, 0.7, 0.5])
+    for _ in range(6):
+        cy, cx, r = rng.uniform(0.2, 0.9) * h0, rng.uniform(0, 1) * w0, rng.uniform(0.05, 0.15) * min(h0, w0)
+        img[(y - cy) ** 2 + (x - cx) ** 2 < r * r] = rng.uniform(0.1, 0.95, 3)
+    return np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
+
+
+def reference_points(q: int, h0: int, w0: int, seed: int) -> np.ndarray:
+    """[Q,2] (x, y) on a quarter-pixel grid inside the original image: exact in decimal text and in
+    float32, so the CSV and the tensor hold the same numbers. A few duplicates on purpose."""
+    rng = np.random.default_rng(seed + 1)
+    pts = np.stack([rng.integers(0, 4 * w0, q), rng.integers(0, 4 * h0, q)], -1).astype(np.float32) / 4
+    if q > 6:
+        pts[5] = pts[2]
+    return pts
+
+
+def write_points_csv(path: Path, pts: np.ndarray) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["x", "y"])
+        w.writerows([repr(float(x)), repr(float(y))] for x, y in pts)
+
+
+def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int, device) -> dict:
+    """reference.png (1.5x / 1.25x the model size, so resizing and point scaling are exercised),
+    reference_points.csv (Q = largest bucket + 3, so chunking and padding are exercised) and
+    reference.safetensors (images = preprocess(reference.png), points scaled, eager depth, chunked)."""
+    from safetensors.torch import save_file
+
+    H, W = model.cfg.img_size
+    h0, w0 = (3 * H) // 2, (5 * W) // 4
+    rgb = reference_image(h0, w0, seed)
+    if not cv2.imwrite(str(out / REFERENCE_IMAGE), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)):
+        raise OSError(f"could not write {out / REFERENCE_IMAGE}")
+    image, orig = load_image(out / REFERENCE_IMAGE, (H, W))  # [3,H,W], exactly what runners compute
+    assert tuple(orig) == (h0, w0)
+    q = buckets[-1] + 3
+    pts0 = reference_points(q, h0, w0, seed)
+    write_points_csv(out / REFERENCE_POINTS, pts0)
+    pts = scale_points(pts0, (h0, w0), (H, W))  # [Q,2] model pixels
+    images = image.unsqueeze(0).repeat(batch, 1, 1, 1).contiguous()  # [B,3,H,W]
+    points = torch.stack([pts.roll(b, 0) for b in range(batch)]).contiguous()  # [B,Q,2], row 0 = CSV order
+    with torch.no_grad():
+        depth = run_chunked(model.forward_packed, images.to(device), points.to(device), tuple(buckets)).float().cpu()
+    save_file({"images": images, "points": points, "depth": depth.contiguous()}, str(out / REFERENCE))
+    return {"file": REFERENCE, "sha256": sha256_file(out / REFERENCE), "image": REFERENCE_IMAGE,
+            "points_csv": REFERENCE_POINTS}

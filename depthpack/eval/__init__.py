@@ -1,0 +1,1 @@
+"""Evaluation: the standard depth metrics, the packed/masked/dense accuracy of a checkpoint, figures."""

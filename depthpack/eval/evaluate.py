@@ -1,0 +1,318 @@
+"""Accuracy of the packed, masked and dense paths of one checkpoint, at the queried points.
+
+    python -m depthpack.eval --checkpoint runs/demo                       # its own val split
+    python -m depthpack.eval --checkpoint runs/demo --data configs/demo.yaml data.num_val=128
+    python -m depthpack.eval --checkpoint ck/ data.kind=kitti data.root=/data/kitti \\
+        data.split_file=/data/kitti/val.txt data.eval_crop=garg --queries 64 256 1024
+
+For every image, every query count Q draws Q points among the pixels that are valid AND inside the
+data set's evaluation crop (sample_queries with a generator seeded by (seed, image index, Q), so
+repeated runs give the same numbers); every path and anchor setting is run on the same points. The
+standard metrics (depthpack.eval.metrics, the one implementation: MetricAccumulator per="image") are computed per image and
+averaged over images, optionally with per-image median scaling.
+
+The "constant" row is the best constant-depth predictor of those points: the single depth c that
+minimizes the reported AbsRel, mean over images of mean_j |c - g_ij| / g_ij. That objective is a
+weighted sum of |c - g_ij| with weights 1 / (n_i g_ij), so its exact minimizer is the weighted
+median of all g_ij under those weights (computed here, not approximated by the median of GT).
+
+Outputs in --out: eval.md (the table), eval.json (everything, machine-readable), eval.png (image,
+ground truth, dense prediction, and the queried points of the packed path colored by AbsRel).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.checkpoint import load_model, resolve_checkpoint, stored_config
+from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
+from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
+from ..data import make_dataset, sample_queries
+from ..data.config import DataConfig
+from .metrics import MetricAccumulator
+from .viz import depth_figure
+
+METRICS = ("abs_rel", "sq_rel", "rmse", "rmse_log", "log10", "silog", "d1", "d2", "d3")  # table column order
+PATHS = ("packed", "masked", "dense")
+
+
+@dataclass
+class EvalSettings:
+    queries: tuple[int, ...] = (16, 64, 256)  # query counts per image
+    anchors: tuple[bool, ...] = (True, False)  # model.use_anchors settings (same weights)
+    paths: tuple[str, ...] = PATHS
+    median_scaling: bool = False  # per-image median scaling (for relative-depth models)
+    edge_frac: float = 0.0  # share of query points drawn at image edges; 0 = uniform over valid pixels
+    #                         (the standard protocol: every valid pixel counts the same)
+    max_images: int | None = None  # None: the whole split
+    batch_size: int = 8
+    seed: int = 0
+    figure_images: int = 4  # rows of the PNG; 0 = no figure
+    progress: bool = True
+
+
+# ---- points -------------------------------------------------------------------------------------
+def eval_points(sample: dict, q: int, seed: int, index: int, edge_frac: float = 0.0) -> torch.Tensor | None:
+    """Q points [Q,2] among the valid pixels inside the evaluation crop; None if there are none."""
+    mask = sample["valid"] & sample["eval_mask"]
+    if not bool(mask.any()):
+        return None
+    g = torch.Generator().manual_seed((seed * 1_000_003 + index) * 65_537 + q)
+    return sample_queries(mask, sample["image"], q, g, edge_frac=edge_frac).float()
+
+
+def _at(points: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    # points [Q,2] (x, y), m [H,W] -> [Q]
+    return m[points[:, 1].long(), points[:, 0].long()]
+
+
+def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+    """images [B,3,H,W], points [B,Q,2] -> depth [B,Q] through the named path (checked forwards)."""
+    with torch.inference_mode():
+        if path == "packed":
+            return model(images, points).float()
+        if path == "masked":
+            return model.forward_masked(images, points).float()
+        if path == "dense":
+            return model.forward_dense(images, points).float()
+    raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
+
+
+# ---- the evaluation -----------------------------------------------------------------------------
+def best_constant(targets: list[torch.Tensor]) -> float:
+    """argmin_c mean_i mean_j |c - g_ij| / g_ij: the weighted median of g with weights 1/(n_i g_ij)."""
+    g = torch.cat([t.double() for t in targets])
+    w = torch.cat([1.0 / (t.double() * t.numel()) for t in targets])
+    order = torch.argsort(g)
+    g, w = g[order], w[order]
+    cum = torch.cumsum(w, 0)
+    k = int(torch.searchsorted(cum, cum[-1] / 2))  # first index with cum >= half the total weight
+    return float(g[min(k, g.numel() - 1)])
+
+
+def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
+    """Per (path, anchors, Q): metrics averaged over images; plus the best-constant row per Q."""
+    from tqdm import tqdm
+
+    n = len(dataset) if s.max_images is None else min(len(dataset), s.max_images)
+    device = next(model.parameters()).device
+    was_anchors = model.use_anchors
+    per: dict[tuple, MetricAccumulator] = {}
+    targets: dict[int, list[torch.Tensor]] = {q: [] for q in s.queries}
+    skipped = 0
+    bar = tqdm(total=n, desc="evaluate", disable=not s.progress, dynamic_ncols=True)
+    try:
+        for start in range(0, n, s.batch_size):
+            samples = [(i, dataset[i]) for i in range(start, min(n, start + s.batch_size))]
+            for q in s.queries:
+                pts = [(i, smp, eval_points(smp, q, s.seed, i, s.edge_frac)) for i, smp in samples]
+                kept = [(i, smp, p) for i, smp, p in pts if p is not None]
+                if q == s.queries[0]:
+                    skipped += len(pts) - len(kept)
+                if not kept:
+                    continue
+                images = torch.stack([smp["image"] for _, smp, _ in kept]).to(device)
+                points = torch.stack([p for _, _, p in kept]).to(device)  # [B,Q,2]
+                gt = torch.stack([_at(p, smp["depth"]) for _, smp, p in kept])  # [B,Q]
+                targets[q].extend(gt.unbind(0))
+                for a in (s.anchors if model.cfg.num_anchors else (False,)):  # a model without anchors: one setting
+                    model.use_anchors = a
+                    for path in s.paths:
+                        pred = run_path(model, path, images, points).cpu()
+                        acc = per.setdefault((path, a, q), MetricAccumulator("image", s.median_scaling))
+                        acc.update(pred, gt, batched=True)
+            bar.update(len(samples))
+    finally:
+        model.use_anchors = was_anchors
+        bar.close()
+    rows = [{"path": path, "anchors": a, "queries": q, "images": acc.images, **acc.compute()}
+            for (path, a, q), acc in per.items()]
+    const = []
+    for q in s.queries:
+        if targets[q]:
+            c = best_constant(targets[q])
+            acc = MetricAccumulator("image", s.median_scaling)
+            for t in targets[q]:
+                acc.update(torch.full_like(t, c), t)
+            const.append({"path": "constant", "anchors": None, "queries": q, "images": acc.images, "constant_m": c,
+                          **acc.compute()})
+    return {"rows": rows, "constant": const, "images": n - skipped, "skipped_images": skipped, "settings": asdict(s),
+            "summary": summarize(rows, const)}
+
+
+def summarize(rows: list[dict], const: list[dict]) -> dict[str, Any]:
+    """The figures the targets are stated in: packed vs constant, packed vs dense, anchors on vs off."""
+    def get(path, a, q):
+        return next((r["abs_rel"] for r in rows if r["path"] == path and r["anchors"] == a and r["queries"] == q), None)
+
+    out: dict[str, Any] = {}
+    for c in const:
+        q = c["queries"]
+        on, off, dense = get("packed", True, q), get("packed", False, q), get("dense", True, q)
+        entry: dict[str, Any] = {"constant_abs_rel": c["abs_rel"], "packed_abs_rel": on, "packed_abs_rel_no_anchors": off,
+                                 "dense_abs_rel": dense}
+        if on:
+            entry["constant_over_packed"] = c["abs_rel"] / on
+        if on and dense:
+            entry["packed_vs_dense_rel"] = (on - dense) / dense
+        out[f"q{q}"] = entry
+    return out
+
+
+def quick_eval(model, dataset, q: int, max_images: int, seed: int = 0) -> dict[str, float]:
+    """Packed-path metrics (anchors as the model has them) + the best constant's AbsRel; for training logs."""
+    s = EvalSettings(queries=(q,), anchors=(model.use_anchors,), paths=("packed",), max_images=max_images,
+                     seed=seed, figure_images=0, progress=False)
+    r = evaluate(model, dataset, s)
+    out = {k: r["rows"][0][k] for k in METRICS} if r["rows"] else {}
+    if r["constant"]:
+        out["constant_abs_rel"] = r["constant"][0]["abs_rel"]
+    return out
+
+
+# ---- reports ------------------------------------------------------------------------------------
+def to_markdown(result: dict[str, Any], title: str = "") -> str:
+    head = "| path | anchors | Q | " + " | ".join(METRICS) + " |"
+    lines = [f"# {title}" if title else "", "", head, "|" + " --- |" * (3 + len(METRICS))]
+    order = {p: i for i, p in enumerate(PATHS)}
+    rows = sorted(result["rows"], key=lambda r: (r["queries"], not r["anchors"], order.get(r["path"], 9)))
+    for q in sorted({r["queries"] for r in rows}):
+        for r in [r for r in rows if r["queries"] == q] + [c for c in result["constant"] if c["queries"] == q]:
+            a = "-" if r["anchors"] is None else ("on" if r["anchors"] else "off")
+            name = r["path"] if r["path"] != "constant" else f"constant {r['constant_m']:.3g} m"
+            lines.append(f"| {name} | {a} | {q} | " + " | ".join(f"{r[k]:.4f}" for k in METRICS) + " |")
+    lines += ["", f"{result['images']} images ({result['skipped_images']} without a valid pixel in the crop skipped); "
+              f"metrics per image, averaged; median scaling {'on' if result['settings']['median_scaling'] else 'off'}; "
+              f"query points {_points_words(result['settings'].get('edge_frac', 0.0))}.", ""]
+    for key, e in result["summary"].items():
+        parts = [f"- {key}: best constant AbsRel {e['constant_abs_rel']:.4f}"]
+        if e.get("packed_abs_rel") is not None:
+            parts.append(f"packed {e['packed_abs_rel']:.4f}")
+        if e.get("constant_over_packed"):
+            parts.append(f"constant / packed = {e['constant_over_packed']:.2f}x")
+        if e.get("packed_vs_dense_rel") is not None:
+            parts.append(f"packed vs dense {100 * e['packed_vs_dense_rel']:+.1f}%")
+        if e.get("packed_abs_rel_no_anchors") is not None:
+            parts.append(f"packed without anchors {e['packed_abs_rel_no_anchors']:.4f}")
+        lines.append(", ".join(parts))
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _points_words(edge_frac: float) -> str:
+    if edge_frac == 0:
+        return "uniform over the valid pixels"
+    return f"{100 * edge_frac:.0f}% at image edges (Sobel-weighted), the rest uniform"
+
+
+def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
+    """eval.png (then eval_1.png, ...): image | ground truth | dense prediction | the packed path's
+    points at the largest Q colored by relative error (depthpack.eval.viz.depth_figure), one per image."""
+    q = max(s.queries)
+    device = next(model.parameters()).device
+    paths = []
+    for i in range(min(s.figure_images, len(dataset))):
+        smp = dataset[i]
+        pts = eval_points(smp, q, s.seed, i, s.edge_frac)
+        if pts is None:
+            continue
+        img = smp["image"].unsqueeze(0).to(device)
+        with torch.inference_mode():
+            dense = model.forward_dense(img)[0].float().cpu()  # [H,W]
+        pred = run_path(model, "packed", img, pts.unsqueeze(0).to(device))[0].cpu()
+        gt = torch.where(smp["valid"], smp["depth"], torch.zeros_like(smp["depth"]))
+        name = "eval.png" if not paths else f"eval_{i}.png"
+        paths.append(depth_figure(Path(out) / name, smp["image"], gt, dense, pts, pred, _at(pts, smp["depth"]),
+                                  title=f"{smp.get('name', i)}: packed Q={q}, anchors {'on' if model.use_anchors else 'off'}"))
+    return paths
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+def resolve_device(name: str) -> str:
+    """auto | cpu | cuda | cuda:N -> a device this machine has, or one ValueError saying why not."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: use auto, cpu, cuda or cuda:N")
+    return name
+
+
+def data_config(checkpoint: str | Path, data_yaml: str | None, overrides: list[str]):
+    """DataConfig for evaluation: the checkpoint's training data config (if stored), replaced by
+    --data YAML (a TrainConfig-style file with a `data:` mapping, or a bare DataConfig mapping), then
+    `data.key=value` overrides."""
+    base: dict[str, Any] = {}
+    try:
+        base = dict(stored_config(checkpoint).get("train", {}).get("data", {}) or {})
+    except Exception:  # a bare weights file without a training config: defaults
+        base = {}
+    if data_yaml:
+        y = load_yaml(data_yaml)
+        base = deep_merge(base, y["data"] if isinstance(y.get("data"), dict) else y)
+    over = parse_overrides(overrides)
+    extra = sorted(set(over) - {"data"})
+    if extra:
+        raise ValueError(f"overrides must be data.KEY=VALUE, got key(s) {extra}")
+    return from_dict(DataConfig, deep_merge(base, over.get("data", {})))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(
+        prog="python -m depthpack.eval", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Data: by default the data config stored with the checkpoint (its training data), split "
+               "--split. --data FILE replaces it with a YAML file: either a training config (its `data:` "
+               "mapping is used, e.g. configs/demo.yaml) or a bare DataConfig mapping. Positional "
+               "data.KEY=VALUE overrides apply last (e.g. data.kind=kitti data.root=/data/kitti "
+               "data.eval_crop=garg).")
+    ap.add_argument("--checkpoint", required=True, help="run folder, checkpoint folder or model.safetensors")
+    ap.add_argument("--data", default=None, help="YAML with the DataConfig (a `data:` mapping or a bare one)")
+    ap.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides of the DataConfig")
+    ap.add_argument("--split", default="val", choices=("train", "val"))
+    ap.add_argument("--queries", type=int, nargs="+", default=[16, 64, 256], help="query counts per image")
+    ap.add_argument("--anchors", choices=("both", "on", "off"), default="both")
+    ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    ap.add_argument("--median-scaling", action="store_true", help="per-image median scaling (relative depth)")
+    ap.add_argument("--edge-frac", type=float, default=0.0,
+                    help="share of query points drawn at image edges (0: uniform, the standard protocol; "
+                         "0.5: as in training, harder: depth edges)")
+    ap.add_argument("--max-images", type=int, default=None)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--figure-images", type=int, default=4, help="PNGs: eval.png, eval_1.png, ... (0 = none)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    ap.add_argument("--out", default=None, help="output folder (default: the --checkpoint folder (or the file's folder) /eval)")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    torch.manual_seed(a.seed)
+    device = resolve_device(a.device)
+    given = Path(a.checkpoint)
+    out = check_writable_dir(Path(a.out) if a.out else (given if given.is_dir() else given.parent) / "eval", "--out")
+    model = load_model(a.checkpoint, device=device)
+    dcfg = data_config(a.checkpoint, a.data, a.overrides)
+    mc = model.cfg
+    ds = make_dataset(dcfg, split=a.split, img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
+    s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
+                     edge_frac=a.edge_frac, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
+                     progress=not a.no_progress)
+    result = evaluate(model, ds, s)
+    cdir = resolve_checkpoint(a.checkpoint)
+    result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc))
+    atomic_write_json(out / "eval.json", result, sort_keys=False)
+    md = to_markdown(result, f"depthpack accuracy: {cdir}, {dcfg.kind} {a.split}")
+    atomic_write_text(out / "eval.md", md)
+    pngs = figure(model, ds, s, out) if s.figure_images else []
+    print(md)
+    print(f"wrote {out / 'eval.md'}, {out / 'eval.json'}" + "".join(f", {p}" for p in pngs))
+    return result
+

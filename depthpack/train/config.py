@@ -1,0 +1,121 @@
+"""TrainConfig: one training run, from a YAML file (only what differs from the defaults) plus
+`key=value` overrides (dotted for model.* and data.*); unknown keys and nonsense values are errors."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.config import (ModelConfig, coerce_dict, coerce_numbers, deep_merge, from_dict, load_yaml, model_config,
+                           parse_overrides)
+from ..data.config import DataConfig
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Sizes are per process: under torchrun the global batch is batch_size * world_size.
+
+    The model is `preset` plus the `model` overrides (a dict of ModelConfig fields, or a whole
+    ModelConfig); `data` is a depthpack.data.DataConfig.
+    """
+    preset: str = "vits"  # ModelConfig preset name (see depthpack.core.config.PRESETS)
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides on top of the preset
+    data: DataConfig = field(default_factory=DataConfig)
+    out_dir: str = "runs/default"  # run folder: config.yaml, log.csv, latest.json, checkpoints/
+    steps: int = 1000  # total optimizer steps (a resumed run stops at the same count)
+    batch_size: int = 16  # images per step and process
+    lr: float = 3e-4  # peak AdamW learning rate
+    backbone_lr_ratio: float = 1.0  # backbone lr = lr * this (e.g. 0.1 over pretrained DINOv2 weights)
+    min_lr_ratio: float = 0.05  # the cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.05
+    warmup_steps: int = 50  # linear warmup from 0
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    silog_lambda: float = 0.5  # SiLogLoss(lambd)
+    distill_weight: float = 0.0  # weight of |log packed - log dense| (dense path of the same model, detached); 0 = off
+    queries: list[int] | None = None  # Q values to draw from each step; None: every bucket in [q_min, q_max]
+    q_min: int = 1
+    q_max: int | None = None  # None: the largest bucket
+    edge_frac: float = 0.5  # share of edge-weighted query samples (sample_queries)
+    extra_points: int = 0  # per query, supervision points drawn inside its patch: more signal for the same tokens
+    hflip: bool = False  # mirror a training sample left-right with probability 1/2 (seeded like its points)
+    ckpt_every: int = 200  # steps between checkpoints (and one at the end)
+    keep_checkpoints: int = 2  # checkpoints kept on disk (the previous one is the fallback)
+    eval_every: int = 0  # steps between validation evaluations (packed AbsRel); 0 = only at the end
+    eval_images: int = 32  # validation images per evaluation
+    eval_queries: int = 64  # queries per validation image
+    log_every: int = 10  # steps between CSV rows
+    resume: bool = False  # continue from out_dir's last checkpoint that verifies
+    seed: int = 0
+    num_workers: int = 0  # DataLoader workers per process (they render/load samples and draw the query points)
+    threads: int = 0  # CPU intra-op threads of each process; 0 = torch's default. On a shared CPU 1 thread
+    #                   + 1 worker beats 2 threads by far (OpenMP threads wait on each other when preempted)
+    device: str = "auto"  # auto = cuda:LOCAL_RANK when CUDA is present, else cpu
+    amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
+    progress: bool = True  # tqdm bar on rank 0
+
+    def __post_init__(self) -> None:
+        # data arrives here as a dict (DataConfig is deliberately not nested by from_dict): its
+        # numbers are coerced first, then from_dict checks its keys
+        if isinstance(self.data, dict):
+            self.data = from_dict(DataConfig, coerce_dict(DataConfig, self.data))
+        if self.model is None:
+            self.model = {}
+        if isinstance(self.model, dict):
+            self.model = coerce_dict(ModelConfig, self.model)
+        coerce_numbers(self)
+        problems = []
+        for name in ("resume", "hflip", "amp", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("preset", "out_dir", "device"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                problems.append(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        if problems:
+            raise ValueError("invalid TrainConfig: " + "; ".join(problems))
+        if self.queries is not None:
+            if not isinstance(self.queries, (list, tuple)):
+                raise ValueError(f"invalid TrainConfig: queries must be a list of integers, got {self.queries!r}")
+            self.queries = [_int_in_list(q) for q in self.queries]
+        self.model_config()  # unknown or invalid model keys fail here, naming them
+        if self.steps < 0 or self.batch_size < 1:
+            problems.append(f"need steps >= 0 and batch_size >= 1, got {self.steps}, {self.batch_size}")
+        if self.ckpt_every < 1 or self.log_every < 1 or self.keep_checkpoints < 1:
+            problems.append("ckpt_every, log_every and keep_checkpoints must be >= 1")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.num_workers < 0 or self.threads < 0:
+            problems.append("need lr > 0, warmup_steps >= 0, num_workers >= 0 and threads >= 0")
+        if not 0.0 <= self.edge_frac <= 1.0 or self.extra_points < 0:
+            problems.append(f"need 0 <= edge_frac <= 1 and extra_points >= 0, got {self.edge_frac}, {self.extra_points}")
+        kmax = self.model_config().buckets[-1]
+        qs = self.query_choices()
+        if not qs or min(qs) < 1 or max(qs) > kmax:
+            problems.append(f"query counts must lie in [1, {kmax}] (the largest bucket), got {qs[:3]}...{qs[-3:]}")
+        if problems:
+            raise ValueError("invalid TrainConfig: " + "; ".join(problems))
+
+    def model_config(self) -> ModelConfig:
+        if isinstance(self.model, ModelConfig):
+            return self.model
+        return model_config(self.preset, **self.model)
+
+    def query_choices(self) -> list[int]:
+        """The Q values a step may draw: cfg.queries, or every Q in [q_min, q_max] (draw_q picks a bucket
+        uniformly, then Q inside its range, so small buckets are trained as often as large ones)."""
+        if self.queries is not None:
+            return list(self.queries)
+        buckets = self.model_config().buckets
+        hi = buckets[-1] if self.q_max is None else self.q_max
+        return list(range(max(1, self.q_min), hi + 1))
+
+
+def _int_in_list(q) -> int:
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or float(q) != int(q):
+        raise ValueError(f"invalid TrainConfig: queries must be integers, got {q!r}")
+    return int(q)
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:
+    """YAML (only what differs from the defaults) + `key=value` overrides -> TrainConfig.
+    Unknown keys anywhere (train, model, data) are a ValueError naming them."""
+    base = load_yaml(path) if path else {}
+    over = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or []))
+    return from_dict(TrainConfig, deep_merge(base, over))

@@ -1,0 +1,306 @@
+"""The three paths compute what they promise, on fresh random inputs, in float32."""
+import pytest
+import torch
+
+from depthpack import create_model
+from depthpack.core.packing import bucket_for, select_tokens
+from conftest import randomize_
+
+ATOL = 1e-4  # float32: packed and masked differ only in summation order
+
+
+def rand_inputs(seed, B, Q, H=64, W=64):
+    g = torch.Generator().manual_seed(seed)
+    img = torch.rand(B, 3, H, W, generator=g)
+    pts = torch.stack([torch.rand(B, Q, generator=g) * W, torch.rand(B, Q, generator=g) * H], -1)
+    return img, pts
+
+
+@pytest.mark.parametrize("B,Q,seed", [(1, 1, 0), (1, 7, 1), (2, 16, 2), (3, 30, 3), (2, 64, 4)])
+def test_packed_equals_masked(tiny, B, Q, seed):
+    img, pts = rand_inputs(seed, B, Q)
+    with torch.no_grad():
+        packed, masked = tiny(img, pts), tiny.forward_masked(img, pts)
+    assert packed.shape == (B, Q) and packed.dtype == torch.float32
+    assert (packed - masked).abs().max() < ATOL
+
+
+@pytest.mark.parametrize("bucket", [8, 16, 32])
+def test_packed_equals_masked_every_bucket(tiny, bucket):
+    img, pts = rand_inputs(10 + bucket, 2, 5)
+    with torch.no_grad():
+        a = tiny.forward_packed(img, pts, bucket)
+        b = tiny.forward_masked_core(img, pts, bucket)
+    assert (a - b).abs().max() < ATOL
+
+
+def test_duplicates_borders_and_edges(tiny):
+    # duplicates, points on patch borders (multiples of 8), the first and the last pixel, sub-pixel
+    pts = torch.tensor([[[0.0, 0.0], [63.999, 63.999], [8.0, 8.0], [7.999, 8.0], [8.0, 8.0],
+                         [0.0, 0.0], [32.0, 63.0], [63.0, 0.0], [15.5, 40.25], [15.5, 40.25]]])
+    img = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        packed, masked = tiny(img, pts), tiny.forward_masked(img, pts)
+    assert (packed - masked).abs().max() < ATOL
+    assert packed[0, 0] == packed[0, 5] and packed[0, 2] == packed[0, 4] and packed[0, 8] == packed[0, 9]
+
+
+def test_selecting_every_token_equals_dense(tiny):
+    img, pts = rand_inputs(7, 2, 20)
+    n = tiny.cfg.num_patches
+    with torch.no_grad():
+        full = tiny.forward_packed(img, pts, n)
+        dense = tiny.forward_dense(img, pts)
+        # the selection really is partial at a small bucket: the answer differs from dense
+        small = tiny.forward_packed(img, pts, 32)
+    assert (full - dense).abs().max() < ATOL
+    assert (small - dense).abs().max() > 1e-3
+
+
+def test_packed_ignores_unselected_patches(tiny):
+    # a patch outside the selection cannot influence the packed answer, but does influence dense
+    pts = torch.tensor([[[4.0, 4.0]]])  # patch 0, bucket 8: its 3x3 neighbourhood + spread
+    index, _ = select_tokens(pts, 8, 8, (8, 8), tiny.spread_rank)
+    unselected = sorted(set(range(64)) - set(index[0].tolist()))[0]
+    r, c = divmod(unselected, 8)
+    img = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(8))
+    img2 = img.clone()
+    img2[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = torch.rand(3, 8, 8)
+    tiny.use_anchors = False  # anchors see a thumbnail of the whole image
+    with torch.no_grad():
+        assert torch.equal(tiny(img, pts), tiny(img2, pts))
+        assert not torch.equal(tiny.forward_dense(img, pts), tiny.forward_dense(img2, pts))
+    tiny.use_anchors = True
+
+
+def test_anchors_carry_global_context(tiny):
+    # every unselected patch changes: only the anchors (a thumbnail of the whole image) can see it
+    pts = torch.tensor([[[4.0, 4.0]]])
+    index, _ = select_tokens(pts, 8, 8, (8, 8), tiny.spread_rank)
+    img = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(9))
+    img2 = 1 - img
+    for i in index[0].tolist():
+        r, c = divmod(i, 8)
+        img2[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = img[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8]
+    with torch.no_grad():
+        assert (tiny(img, pts) - tiny(img2, pts)).abs().max() > 1e-4
+        tiny.use_anchors = False
+        assert torch.equal(tiny(img, pts), tiny(img2, pts))
+    tiny.use_anchors = True
+
+
+def test_depth_map_equals_queries(tiny):
+    img, _ = rand_inputs(11, 2, 1)
+    g = torch.Generator().manual_seed(12)
+    pts = torch.randint(0, 64, (2, 25, 2), generator=g)
+    with torch.no_grad():
+        dmap = tiny.forward_dense(img)
+        q = tiny.forward_dense(img, pts)
+    assert dmap.shape == (2, 64, 64)
+    b = torch.arange(2)[:, None]
+    assert (dmap[b, pts[..., 1], pts[..., 0]] - q).abs().max() < ATOL
+
+
+def test_depth_in_configured_range():
+    m = create_model("tiny").eval()
+    randomize_(m, scale=20.0)  # push the head into saturation
+    img, pts = rand_inputs(13, 2, 50)
+    with torch.no_grad():
+        d = m(img, pts)
+    assert torch.isfinite(d).all()
+    assert d.min() >= m.cfg.min_depth * (1 - 1e-5) and d.max() <= m.cfg.max_depth * (1 + 1e-5)
+
+
+def test_chunking_beyond_largest_bucket(tiny):
+    img, pts = rand_inputs(14, 2, 150)  # largest bucket 64 -> chunks 64, 64, 22
+    with torch.no_grad():
+        out = tiny(img, pts)
+        parts = [tiny.forward_packed(img, pts[:, s:s + 64], bucket_for(min(64, 150 - s), tiny.cfg.buckets)) for s in (0, 64, 128)]
+        dense = tiny.forward_dense(img, pts)
+    assert out.shape == (2, 150)
+    assert torch.equal(out, torch.cat(parts, 1))
+    # the last chunk ran in bucket 32: a partial selection, so not dense
+    assert (out[:, 128:] - dense[:, 128:]).abs().max() > 1e-3
+
+
+def test_chunking_with_full_buckets_equals_dense():
+    # buckets that select every token: chunked and unchunked agree, both equal dense
+    m = randomize_(create_model("tiny", buckets=(64,))).eval()
+    big = randomize_(create_model("tiny", buckets=(64, 256))).eval()
+    img, pts = rand_inputs(19, 2, 200)
+    with torch.no_grad():
+        chunked, unchunked, dense = m(img, pts), big(img, pts), m.forward_dense(img, pts)
+    assert (chunked - dense).abs().max() < ATOL and (unchunked - dense).abs().max() < ATOL
+
+
+def test_bucket_choice():
+    m = create_model("tiny")
+    assert [bucket_for(q, m.cfg.buckets) for q in (1, 8, 9, 33, 64)] == [8, 8, 16, 64, 64]
+    with pytest.raises(ValueError, match="largest bucket"):
+        bucket_for(65, m.cfg.buckets)
+
+
+def test_integer_points_and_empty(tiny):
+    img = torch.rand(2, 3, 64, 64)
+    ipts = torch.tensor([[[3, 4], [60, 1]], [[0, 0], [63, 63]]])
+    with torch.no_grad():
+        assert torch.equal(tiny(img, ipts), tiny(img, ipts.float()))
+        empty = tiny(img, torch.zeros(2, 0, 2))
+    assert empty.shape == (2, 0)
+
+
+def test_other_image_size_multiple_of_patch(tiny):
+    img, pts = rand_inputs(15, 1, 10, H=48, W=80)
+    with torch.no_grad():
+        a, b = tiny(img, pts), tiny.forward_masked(img, pts)
+    assert a.shape == (1, 10) and (a - b).abs().max() < ATOL
+
+
+BAD = [
+    (lambda: (torch.rand(1, 3, 64, 64), torch.tensor([[[64.0, 3.0]]])), "1 of 1 are outside the 64x64"),
+    (lambda: (torch.rand(1, 3, 64, 64), torch.tensor([[[-0.5, 3.0], [1.0, 2.0]]])), "outside"),
+    (lambda: (torch.rand(1, 3, 64, 64), torch.tensor([[[float("nan"), 3.0], [1, float("inf")]]])), "2 of 2 are not finite"),
+    (lambda: (torch.rand(1, 3, 60, 64), torch.zeros(1, 1, 2)), "not a positive multiple of the patch size 8"),
+    (lambda: (torch.rand(3, 64, 64), torch.zeros(1, 1, 2)), r"shape \[B,3,H,W\]"),
+    (lambda: (torch.rand(1, 4, 64, 64), torch.zeros(1, 1, 2)), r"shape \[B,3,H,W\]"),
+    (lambda: (torch.rand(2, 3, 64, 64), torch.zeros(1, 1, 2)), "batch mismatch: 2 images but points for 1"),
+    (lambda: (torch.rand(1, 3, 64, 64), torch.zeros(1, 2)), r"shape \[B,Q,2\]"),
+    (lambda: (torch.rand(1, 3, 64, 64), torch.zeros(1, 2, 3)), r"shape \[B,Q,2\]"),
+    (lambda: (torch.rand(1, 3, 64, 64), torch.zeros(1, 2, 2, dtype=torch.bool)), "real numbers"),
+    (lambda: ((torch.rand(1, 3, 64, 64) * 255).to(torch.uint8), torch.zeros(1, 1, 2)), "divide uint8 images by 255"),
+    (lambda: (torch.rand(1, 3, 64, 64) * 2, torch.zeros(1, 1, 2)), r"in \[0,1\]"),
+    (lambda: (torch.full((1, 3, 64, 64), float("nan")), torch.zeros(1, 1, 2)), "non-finite"),
+    (lambda: ("not a tensor", torch.zeros(1, 1, 2)), "must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("make,msg", BAD)
+@pytest.mark.parametrize("path", ["forward", "forward_masked", "forward_dense"])
+def test_bad_input_raises_clear_error(tiny, make, msg, path):
+    img, pts = make()
+    with pytest.raises(ValueError, match=msg):
+        getattr(tiny, path)(img, pts)
+
+
+def test_export_is_static_graph(tiny):
+    class Packed(torch.nn.Module):
+        def __init__(self, m, k):
+            super().__init__()
+            self.m, self.k = m, k
+
+        def forward(self, images, points):
+            return self.m.forward_packed(images, points, self.k)
+
+    img, pts = rand_inputs(16, 1, 16)
+    ep = torch.export.export(Packed(tiny, 16), (img, pts), strict=False)
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    banned = [o for o in ops if any(b in o for b in ("nonzero", "unique", "aten.item", "_local_scalar_dense", "masked_select"))]
+    assert not banned, banned
+    assert not ep.range_constraints  # no symbolic, data-dependent sizes
+    img2, pts2 = rand_inputs(17, 1, 16)
+    with torch.no_grad():
+        assert (ep.module()(img2, pts2) - tiny.forward_packed(img2, pts2, 16)).abs().max() < ATOL
+
+
+def test_embedding_equals_timm_conv(tiny):
+    # patches and anchors are embedded as a matmul: it must equal timm's patch-embedding conv
+    from depthpack.core.model import patchify
+
+    x = torch.randn(2, 3, 64, 64)
+    conv = tiny.backbone.patch_embed.proj(x).flatten(2).transpose(1, 2)
+    index = torch.arange(64).expand(2, 64)
+    with torch.no_grad():
+        ours = tiny.embed_patches(x, index) - tiny.backbone.pos_embed[:, 1:]
+    assert (ours - conv).abs().max() < 1e-5
+    assert patchify(x, 8).shape == (2, 64, 192)
+
+
+def test_timm_backbone_checkpoint_loads_unchanged(tmp_path):
+    from safetensors.torch import save_file
+    from timm.models.vision_transformer import VisionTransformer
+
+    src = VisionTransformer(img_size=64, patch_size=8, embed_dim=64, depth=2, num_heads=2, init_values=1e-5, num_classes=0)
+    torch.nn.init.normal_(src.pos_embed)
+    path = tmp_path / "backbone.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path))
+    m = create_model("tiny", backbone_weights=str(path))
+    for k, v in src.state_dict().items():
+        assert torch.equal(m.backbone.state_dict()[k], v), k
+    with pytest.raises(ValueError, match="no such file"):
+        create_model("tiny", backbone_weights=str(tmp_path / "missing.pth"))
+
+
+PARAMS_M = {"tiny": 0.12, "small": 0.87, "vits": 22.2, "vitb": 86.8, "vitl": 304.6}  # the README's table
+
+
+@pytest.mark.parametrize("preset", sorted(PARAMS_M))
+def test_presets(preset):
+    """Every preset builds its architecture (on the meta device: no memory), with the README's size,
+    the DINOv2 backbone shape for vit*, and a packed forward of the right shape."""
+    from depthpack.core.config import model_config
+
+    cfg = model_config(preset)
+    with torch.device("meta"):
+        m = create_model(preset).eval()
+    assert abs(sum(p.numel() for p in m.parameters()) / 1e6 - PARAMS_M[preset]) <= 0.06
+    if preset.startswith("vit"):
+        assert (cfg.img_size, cfg.patch_size) == ((518, 518), 14)
+        assert m.backbone.pos_embed.shape == (1, 1 + 37 * 37, cfg.embed_dim)  # DINOv2's 518 / 14 grid
+        assert len(m.backbone.blocks) == cfg.depth and m.backbone.blocks[0].attn.num_heads == cfg.num_heads
+    H, W = cfg.img_size
+    img = torch.empty(1, 3, H, W, device="meta")
+    pts = torch.empty(1, 5, 2, device="meta")
+    with torch.no_grad():
+        assert m.forward_packed(img, pts, cfg.buckets[0]).shape == (1, 5)
+
+
+def test_config_errors():
+    from depthpack.core.config import model_config
+
+    with pytest.raises(ValueError, match="unknown preset"):
+        model_config("huge")
+    with pytest.raises(ValueError, match="unknown ModelConfig key"):
+        model_config("tiny", depht=3)
+    with pytest.raises(ValueError, match="multiples of patch_size"):
+        model_config("tiny", img_size=(60, 64))
+
+
+def test_dtype_cast_keeps_selection_exact():
+    # model.to(bf16) must not round the selection tie-breaker or the offset frequencies
+    from depthpack.core.packing import spread_rank
+
+    m = create_model("vits").to(torch.bfloat16)
+    assert m.spread_rank.dtype == torch.int64 and len(set(m.spread_rank.tolist())) == m.cfg.num_patches
+    assert torch.equal(m.spread_rank, spread_rank(*m.cfg.grid))
+    assert m.head.freq.dtype == torch.float32
+
+
+def test_bf16_close_to_float32(tiny):
+    img, pts = rand_inputs(20, 2, 20)
+    with torch.no_grad():
+        ref = tiny(img, pts)
+        low = create_model("tiny")
+        low.load_state_dict(tiny.state_dict())
+        low = low.to(torch.bfloat16).eval()
+        out = low(img, pts)
+    assert out.dtype == torch.float32
+    assert ((out - ref).abs() / ref).max() < 5e-2  # bf16 operands: ~1e-2 relative
+
+
+def test_head_position_term_keeps_the_paths_equal():
+    """head_abs_pos: the head also reads where the point is; packed = masked, full bucket = dense,
+    and the dense map equals querying each pixel."""
+    m = randomize_(create_model("tiny", head_abs_pos=True)).eval()
+    img, pts = rand_inputs(21, 2, 12)
+    ipts = pts.floor()
+    with torch.no_grad():
+        assert (m(img, pts) - m.forward_masked(img, pts)).abs().max() < ATOL
+        assert (m.forward_packed(img, pts, m.cfg.num_patches) - m.forward_dense(img, pts)).abs().max() < ATOL
+        dmap, q = m.forward_dense(img), m.forward_dense(img, ipts)
+        off = m.forward_dense(img, ipts)
+    b, il = torch.arange(2)[:, None], ipts.long()
+    assert (dmap[b, il[..., 1], il[..., 0]] - q).abs().max() < ATOL
+    plain = create_model("tiny").eval()
+    plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("head.pos.")})
+    with torch.no_grad():
+        assert (plain.forward_dense(img, ipts) - off).abs().max() > 1e-3  # the term is really there

@@ -1,0 +1,373 @@
+"""Export to AOTInductor (CPU) + ONNX, the manifest contract, safe loading, refusals.
+
+One export of the tiny preset (buckets 8 and 64, ONNX too) is shared by the module: about a minute
+on 2 CPU cores, most of it AOTInductor's C++ compile.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from depthpack.core.files import sha256_file
+from depthpack.core.preprocess import load_image, scale_points
+from depthpack.deploy.contract import FORMAT, REQUIRED_KEYS, TOLERANCE, ManifestError, read_manifest
+from depthpack.deploy.export import ExportOptions, export, load_for_export
+from depthpack.deploy.package import ExportError, PackedForward, example_inputs, export_program, static_graph_problems
+from depthpack.deploy.selfcheck import self_check
+from depthpack.runtime.aoti import load_runners, main as aoti_main, run_packages
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKETS = (8, 64)
+SPEC_KEYS = {"format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
+             "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
+             "tolerance", "buckets", "onnx", "reference"}  # written out, independently of the contract module
+
+
+def _cli():
+    spec = importlib.util.spec_from_file_location("export_cli", ROOT / "export" / "export.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_export")
+    model, preset = load_for_export(preset="tiny", seed=0)
+    summary = export(model, ExportOptions(out=str(out), buckets=BUCKETS, onnx=True), preset, log=lambda m: None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    return SimpleNamespace(out=out, model=model, summary=summary, manifest=manifest)
+
+
+def fresh_inputs(k: int, seed: int, batch: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.rand(batch, 3, 64, 64, generator=g)
+    points = torch.rand(batch, k, 2, generator=g) * 63.99
+    points[:, -1] = points[:, 0]  # a duplicate query
+    return images, points
+
+
+def test_manifest_keys_values_and_hashes(exported):
+    m, out = exported.manifest, exported.out
+    assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx"}
+    assert m["format"] == FORMAT == "depthpack-manifest/2" and m["preset"] == "tiny"
+    assert m["image_size"] == [64, 64] and m["patch_size"] == 8 and m["batch_size"] == 1
+    assert m["device"] == "cpu" and m["compute_capability"] is None and m["arch"] == platform.machine()
+    assert m["dtype"] == "float32" and m["torch_version"] == torch.__version__
+    assert (m["min_depth"], m["max_depth"]) == (0.1, 20.0)
+    assert m["tolerance"] == TOLERANCE["float32"]
+    assert m["model_config"]["buckets"] == list(BUCKETS) and m["model_config"]["embed_dim"] == 64
+    assert m["preprocess"]["scale"] == 1 / 255 and m["preprocess"]["normalize_inside"] is True
+    assert [b["bucket"] for b in m["buckets"]] == list(BUCKETS)
+    for b in m["buckets"]:
+        k = b["bucket"]
+        assert b["file"] == f"depthpack_k{k}.pt2" and sha256_file(out / b["file"]) == b["sha256"]
+        assert b["inputs"] == [{"name": "images", "shape": [1, 3, 64, 64], "dtype": "float32"},
+                               {"name": "points", "shape": [1, k, 2], "dtype": "float32"}]
+        assert b["outputs"] == [{"name": "depth", "shape": [1, k], "dtype": "float32"}]
+    assert [o["bucket"] for o in m["onnx"]] == list(BUCKETS)
+    for o in m["onnx"]:
+        assert sha256_file(out / o["file"]) == o["sha256"]
+    ref = m["reference"]
+    assert sha256_file(out / ref["file"]) == ref["sha256"]
+    assert (out / ref["image"]).is_file() and (out / ref["points_csv"]).is_file()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json", "reference.png", "reference_points.csv", "reference.safetensors"]
+        + [f"depthpack_k{k}.{ext}" for k in BUCKETS for ext in ("pt2", "onnx")])  # nothing else, no staging
+    assert not list(out.parent.glob(f".{out.name}.*"))  # the staging folder is gone
+    assert read_manifest(out / "manifest.json") == m
+
+
+def test_packages_equal_eager_on_fresh_inputs(exported):
+    manifest, runners = load_runners(exported.out / "manifest.json", "cpu")
+    assert sorted(runners) == list(BUCKETS)
+    for k, fn in runners.items():
+        images, points = fresh_inputs(k, seed=100 + k)
+        got = fn(images, points)
+        with torch.no_grad():
+            want = exported.model.forward_packed(images, points, k)
+        assert got.shape == (1, k) and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert got.min() >= 0.1 - 1e-6 and got.max() <= 20.0 + 1e-5
+    with pytest.raises(ValueError, match="points must be float32"):
+        runners[8](images, torch.zeros(1, 9, 2))  # wrong shape: refused on the host
+
+
+def test_reference_file_chunked(exported):
+    out, m = exported.out, exported.manifest
+    ref = load_file(str(out / "reference.safetensors"))
+    images, points, depth = ref["images"], ref["points"], ref["depth"]
+    assert points.shape == (1, max(BUCKETS) + 3, 2) and depth.shape == (1, max(BUCKETS) + 3)
+    # the tensor is exactly preprocess(reference.png) and the CSV points, scaled
+    image, (h0, w0) = load_image(out / "reference.png", (64, 64))
+    assert (h0, w0) != (64, 64)
+    torch.testing.assert_close(images[0], image, atol=0, rtol=0)
+    csv = np.loadtxt(out / "reference_points.csv", delimiter=",", skiprows=1, dtype=np.float64)
+    torch.testing.assert_close(points[0], scale_points(csv, (h0, w0), (64, 64)), atol=0, rtol=0)
+    # packages, chunked and padded like the C++ runner, equal the stored eager depth
+    _, runners = load_runners(out / "manifest.json", "cpu")
+    got = run_packages(runners, images, points)
+    torch.testing.assert_close(got, depth, **m["tolerance"])
+    # and the stored depth equals the public (checked, unpadded) forward: padding changes nothing
+    with torch.no_grad():
+        torch.testing.assert_close(exported.model(images, points), depth, atol=1e-5, rtol=1e-5)
+
+
+def test_onnx_equals_eager(exported):
+    import onnxruntime as ort
+
+    for k in BUCKETS:
+        sess = ort.InferenceSession(str(exported.out / f"depthpack_k{k}.onnx"), providers=["CPUExecutionProvider"])
+        images, points = fresh_inputs(k, seed=200 + k)
+        got = sess.run(["depth"], {"images": images.numpy(), "points": points.numpy()})[0]
+        with torch.no_grad():
+            want = exported.model.forward_packed(images, points, k)
+        torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=1e-4)
+
+
+def test_tampered_or_missing_package_refused(exported, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    shutil.copytree(exported.out, bad)
+    blob = bytearray((bad / "depthpack_k8.pt2").read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (bad / "depthpack_k8.pt2").write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match="sha256 mismatch"):
+        load_runners(bad / "manifest.json", "cpu")
+    assert aoti_main(["--check", str(bad / "manifest.json")]) == 1
+    assert "sha256 mismatch" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    (bad / "depthpack_k8.pt2").unlink()
+    with pytest.raises(ValueError, match="missing"):
+        load_runners(bad / "manifest.json", "cpu")
+
+
+def test_manifest_device_and_arch_mismatch_refused(exported, tmp_path):
+    for key, value, message in (("device", "cuda", "built for cuda"), ("arch", "sparc64", "built for sparc64"),
+                                ("torch_version", "1.13.0", "built with torch 1.13.0")):
+        d = tmp_path / key
+        shutil.copytree(exported.out, d)
+        m = dict(exported.manifest, **{key: value})
+        (d / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(ValueError, match=message):
+            load_runners(d / "manifest.json", "cpu")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.pop("batch_size"), "missing keys"),
+    (lambda m: m.update(format="depthpack-manifest/1"), "re-export"),
+    (lambda m: m["buckets"][0].pop("sha256"), "missing keys \\['sha256'\\]"),
+    (lambda m: m["buckets"][0].update(sha256="xyz"), "64 lowercase hex"),
+    (lambda m: m["buckets"][0].update(file="../../etc/passwd"), "plain file name"),
+    (lambda m: m["buckets"].reverse(), "ascending"),
+    (lambda m: m["buckets"][1].update(bucket=8), "ascending"),  # bucket 8 twice
+    # a bucket-8 entry that names the bucket-16 package, with that package's hash and shapes
+    (lambda m: m["buckets"][0].update({k: m["buckets"][1][k] for k in ("file", "sha256", "inputs", "outputs")}),
+     "not those of bucket 8"),
+    (lambda m: m.update(image_size=[64]), "image_size"),
+    (lambda m: m.update(tolerance={"atol": "x"}), "tolerance"),
+])
+def test_malformed_manifest_is_one_clear_error(exported, tmp_path, edit, message):
+    m = json.loads(json.dumps(exported.manifest))
+    edit(m)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match=message):
+        read_manifest(path)
+    with pytest.raises(ValueError, match=message):  # the loader says the same, before loading anything
+        load_runners(path, "cpu")
+
+
+def test_self_check_catches_a_mismatch(exported):
+    """The exporter's check really compares: a model changed after export must fail it."""
+    wrong = load_for_export(preset="tiny", seed=1)[0]
+    with pytest.raises(ExportError, match="differ from eager"):
+        self_check(wrong, exported.out / "manifest.json", BUCKETS, 1, torch.device("cpu"), torch.Generator().manual_seed(5))
+
+
+FAKE_RUNNER = """#!{python}
+# stands in for deploy_cpp's depthpack_run --manifest M --check F (same output line, same exit codes)
+import sys, torch
+from safetensors.torch import load_file
+from depthpack.deploy.contract import within
+from depthpack.runtime.aoti import load_runners, run_packages
+m, f = sys.argv[sys.argv.index("--manifest") + 1], sys.argv[sys.argv.index("--check") + 1]
+manifest, runners = load_runners(m, "cpu", probe=False)
+ref = load_file(f)
+ok, err = within(run_packages(runners, ref["images"], ref["points"]), ref["depth"], **manifest["tolerance"])
+print(f"check {{f}}: {{ref['points'].shape[1]}} points, max abs diff {{err:.3g}} (atol 0.001, rtol 0.001): "
+      f"{{'OK' if ok else 'MISMATCH'}}", file=sys.stderr)
+sys.exit(0 if ok else 1)
+"""
+
+
+def _crash_first_child(monkeypatch):
+    """The Python self-check child dies with SIGSEGV (as on torch 2.11 + CUDA); later calls run for real."""
+    import depthpack.deploy.selfcheck as ex
+    real = ex.subprocess.run
+    calls = []
+
+    def run(cmd, *args, **kwargs):
+        calls.append(cmd)
+        if len(calls) == 1:
+            return subprocess.CompletedProcess(cmd, -11, "", "Fatal Python error: Segmentation fault\n  File _load_aoti")
+        return real(cmd, *args, **kwargs)
+    monkeypatch.setattr(ex.subprocess, "run", run)
+    monkeypatch.setattr(ex, "CPP_RUNNER_CANDIDATES", ())
+    monkeypatch.delenv("DEPTHPACK_RUN", raising=False)
+    return calls
+
+
+def test_self_check_crash_without_runner_is_an_error(exported, monkeypatch):
+    _crash_first_child(monkeypatch)
+    with pytest.raises(ExportError, match="SIGSEGV.*NOT verified.*--cpp-runner"):
+        self_check(exported.model, exported.out / "manifest.json", BUCKETS, 1, torch.device("cpu"),
+                   torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("runner_agrees", [True, False])
+def test_self_check_crash_falls_back_to_the_cpp_runner(exported, monkeypatch, tmp_path, runner_agrees):
+    calls = _crash_first_child(monkeypatch)
+    runner = tmp_path / "depthpack_run"
+    runner.write_text(FAKE_RUNNER.format(python=sys.executable) if runner_agrees else
+                      "#!/bin/sh\necho 'check x: 8 points, max abs diff 0.5 (atol 0.001, rtol 0.001): MISMATCH' >&2\nexit 1\n")
+    runner.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    args = (exported.model, exported.out / "manifest.json", BUCKETS, 1, torch.device("cpu"),
+            torch.Generator().manual_seed(0))
+    if not runner_agrees:
+        with pytest.raises(ExportError, match="C\\+\\+ runner.*0.5"):
+            self_check(*args, cpp_runner=str(runner), log=lambda m: None)
+        return
+    report = self_check(*args, cpp_runner=str(runner), log=lambda m: None)
+    assert report["ok"] and report["python_loader"] == "killed by SIGSEGV" and "cpp" in report["checker"]
+    assert set(report["buckets"]) == {str(k) for k in BUCKETS} and report["reference"]["ok"]
+    assert all(b["max_abs_diff"] < 1e-4 for b in report["buckets"].values())
+    assert [c[0] for c in calls[1:]] == [str(runner)] * (len(BUCKETS) + 1)  # one run per bucket + the reference
+    assert not list(exported.out.glob(".selfcheck*"))  # its temporary files are gone
+
+
+def test_load_runners_refuses_when_loading_crashes_in_a_child(exported, monkeypatch):
+    """Where the loader kills Python, load_runners raises instead of crashing its caller."""
+    import depthpack.runtime.aoti as aoti
+    monkeypatch.setattr(aoti, "_PROBED", {})
+    monkeypatch.setattr(aoti.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, -11, "", "Fatal Python error: Segmentation fault"))
+    with pytest.raises(ValueError, match="killed by SIGSEGV"):
+        load_runners(exported.out / "manifest.json", "cpu")
+
+
+def test_export_graph_is_static():
+    model = load_for_export(preset="tiny")[0]
+    ep = export_program(model, 8, 2, "cpu", torch.Generator().manual_seed(0))
+    assert static_graph_problems(ep) == []
+    names = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert any("topk" in n for n in names) and any("scatter" in n for n in names)  # selection is inside
+
+    class DataDependent(torch.nn.Module):  # negative control: the check must see nonzero
+        def forward(self, images, points):
+            return torch.nonzero(points[..., 0] > 10).float().sum() + PackedForward(model, 8)(images, points)
+
+    images, points = example_inputs(model.cfg, 1, 8, "cpu", torch.Generator().manual_seed(0))
+    bad = torch.export.export(DataDependent(), (images, points), strict=False)
+    assert any("nonzero" in p for p in static_graph_problems(bad))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cli_refuses_cuda_without_cuda(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "export" / "export.py"), "--preset", "tiny",
+                           "--out", str(tmp_path / "x"), "--device", "cuda"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CUDA is not available" in lines[0], proc.stderr
+    assert not (tmp_path / "x" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--checkpoint", "/nonexistent/run"], "no such file"),
+    (["--preset", "huge"], "unknown preset"),
+    (["--preset", "tiny", "--buckets", "64,8"], "strictly ascending"),
+    (["--preset", "tiny", "--buckets", "8,128"], "more than the 64 patches"),
+    (["--preset", "tiny", "--buckets", "8,x"], "comma-separated"),
+    (["--preset", "tiny", "--dtype", "int8"], "invalid choice"),
+    (["--preset", "tiny", "--batch", "0"], "--batch 0"),
+    (["--preset", "tiny", "--onnx-buckets", "16", "--buckets", "8,64"], "--onnx-buckets"),
+    (["--preset", "tiny", "--target", "z80"], "unknown target"),
+    (["--preset", "tiny", "--target", "jetson-orin" if platform.machine() != "aarch64" else "x86_64"],
+     "cannot build for target"),
+    (["--preset", "tiny"], "required"),  # no --out
+])
+def test_cli_bad_inputs_one_line_exit_1(argv, message, tmp_path, capsys):
+    if "--out" not in argv and message != "required":
+        argv = argv + ["--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as e:
+        sys.exit(_cli().main(argv))
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def _verifies(d: Path) -> str:
+    """The folder holds a complete export that checks against its reference; returns its manifest's hash."""
+    proc = subprocess.run([sys.executable, "-m", "depthpack.runtime.aoti", "--check", str(d / "manifest.json")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return sha256_file(d / "manifest.json")
+
+
+def test_failed_reexport_leaves_the_previous_export(exported, tmp_path, monkeypatch):
+    import depthpack.deploy.export as ex
+
+    d = tmp_path / "deployed"
+    shutil.copytree(exported.out, d)
+    before = {p.name: sha256_file(p) for p in d.iterdir()}
+
+    def broken(ep, path, configs=None):
+        raise ExportError("compiler exploded")
+    monkeypatch.setattr(ex, "compile_package", broken)
+    model = load_for_export(preset="tiny", seed=1)[0]
+    with pytest.raises(ExportError, match="exploded"):
+        export(model, ExportOptions(out=str(d), buckets=BUCKETS), "tiny", log=lambda m: None)
+    assert {p.name: sha256_file(p) for p in d.iterdir()} == before
+    assert not list(tmp_path.glob(".deployed.*"))  # no staging folder left behind
+
+
+def test_export_refuses_a_folder_that_is_not_an_export(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    model = load_for_export(preset="tiny")[0]
+    with pytest.raises(ExportError, match="not a depthpack export"):
+        export(model, ExportOptions(out=str(tmp_path), buckets=(8,)), "tiny", log=lambda m: None)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    with pytest.raises(ExportError, match="is a file"):
+        export(model, ExportOptions(out=str(tmp_path / "notes.txt"), buckets=(8,)), "tiny", log=lambda m: None)
+
+
+@pytest.mark.slow
+def test_reexport_killed_at_any_moment_leaves_a_complete_export(exported, tmp_path):
+    """A robot re-exports in place and the power goes: whenever the kill lands, the folder holds the
+    old complete export or the new one, and the next export cleans up after the killed one."""
+    d = tmp_path / "deployed"
+    shutil.copytree(exported.out, d)
+    old = _verifies(d)
+    cmd = [sys.executable, str(ROOT / "export" / "export.py"), "--preset", "tiny", "--out", str(d),
+           "--buckets", ",".join(map(str, BUCKETS)), "--seed", "1"]
+    seen = set()
+    for delay in (2.0, 9.0, 18.0, 600.0):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        seen.add(_verifies(d))
+    assert old in seen and len(seen) == 2  # the killed runs left the old one; the last finished the new one
+    assert not list(tmp_path.glob(".deployed.*"))  # stale staging folders were removed by the next export

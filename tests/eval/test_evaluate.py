@@ -1,0 +1,74 @@
+"""Accuracy evaluation: the table of packed / masked / dense rows, the best constant, determinism."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from depthpack.train import load_train_config
+from depthpack.eval.evaluate import METRICS, best_constant, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from depthpack.train import train
+
+    out = tmp_path_factory.mktemp("evalrun")
+    train(load_train_config(ROOT / "configs" / "tiny.yaml", [f"out_dir={out}", "steps=3", "eval_images=2"]))
+    return out
+
+
+def test_best_constant_is_the_true_optimum():
+    g = torch.Generator().manual_seed(0)
+    targets = [torch.rand(n, generator=g) * 9 + 0.5 for n in (5, 17, 40)]
+
+    def abs_rel(c):  # per image, then averaged: the reported AbsRel
+        return sum(float(((c - t).abs() / t).mean()) for t in targets) / len(targets)
+
+    c = best_constant(targets)
+    grid = torch.linspace(0.5, 9.5, 9001)
+    assert abs_rel(c) <= min(abs_rel(float(x)) for x in grid) + 1e-9
+    assert abs_rel(c) < abs_rel(float(torch.cat(targets).median())) + 1e-12
+
+
+def test_evaluate_writes_the_table_and_is_deterministic(run_dir, tmp_path):
+    args = ["--checkpoint", str(run_dir), "--queries", "8", "32", "100", "--max-images", "3", "--batch-size", "2",
+            "--figure-images", "1", "--no-progress"]
+    r1 = main(args + ["--out", str(tmp_path / "a")])
+    r2 = main(args + ["--out", str(tmp_path / "b"), "--figure-images", "0"])
+    for name in ("eval.md", "eval.json", "eval.png"):
+        assert (tmp_path / "a" / name).stat().st_size > 0
+    md = (tmp_path / "a" / "eval.md").read_text()
+    assert all(f"| {p} | {a} |" in md for p in ("packed", "masked", "dense") for a in ("on", "off")) and "| constant" in md
+    rows = {(r["path"], r["anchors"], r["queries"]): r for r in r1["rows"]}
+    assert len(rows) == 3 * 2 * 3 and all(r["images"] == 3 for r in rows.values())
+    for a in (True, False):
+        for q in (8, 32, 100):
+            packed, masked = rows[("packed", a, q)], rows[("masked", a, q)]
+            for k in METRICS:  # the same function computed two ways
+                assert packed[k] == pytest.approx(masked[k], rel=1e-4, abs=1e-5), (a, q, k)
+    # Q=100 > the largest bucket (64 = every patch of the tiny model): chunks of all 64 patches == dense
+    assert rows[("packed", True, 100)]["abs_rel"] == pytest.approx(rows[("dense", True, 100)]["abs_rel"], rel=1e-4)
+    # anchors change the function (the same weights see a different prefix)
+    assert rows[("dense", True, 32)]["abs_rel"] != rows[("dense", False, 32)]["abs_rel"]
+    const = {c["queries"]: c for c in r1["constant"]}
+    assert set(const) == {8, 32, 100} and all(c["constant_m"] > 0 for c in const.values())
+    assert json.loads((tmp_path / "a" / "eval.json").read_text())["rows"] == r1["rows"] == r2["rows"]
+
+
+def test_data_option_accepts_a_training_yaml_and_overrides(run_dir, tmp_path):
+    from depthpack.eval.evaluate import data_config
+
+    y = tmp_path / "d.yaml"
+    y.write_text("data: {scene: outdoor, num_val: 3}\n")
+    d = data_config(run_dir, str(y), ["data.seed=4"])
+    assert (d.scene, d.num_val, d.seed) == ("outdoor", 3, 4)
+    assert data_config(run_dir, None, []).num_val == 4  # the checkpoint's own data (tiny.yaml)
+    with pytest.raises(ValueError, match="data.KEY=VALUE"):
+        data_config(run_dir, None, ["seed=1"])
+    with pytest.raises(ValueError, match="unknown DataConfig"):
+        data_config(run_dir, None, ["data.nope=1"])

@@ -1,0 +1,356 @@
+"""Training: config merging, a loss that falls, atomic checkpoints, exact resume, safe loading, gloo DDP."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import randomize_
+
+from depthpack.core import checkpoint as ck
+from depthpack.core.packing import bucket_for
+from depthpack.core.config import to_dict
+from depthpack.train.config import TrainConfig, load_train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def tiny_cfg(tmp_path, *over: str) -> TrainConfig:
+    return load_train_config(TINY, [f"out_dir={tmp_path}", "eval_images=2", *over])
+
+
+# ---- config -------------------------------------------------------------------------------------
+def test_yaml_and_overrides_merge(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("preset: tiny\nsteps: 3\nmodel: {depth: 1}\ndata: {num_samples: 10}\n")
+    cfg = load_train_config(y, ["model.embed_dim=32", "data.seed=5", "lr=0.01"])
+    assert (cfg.steps, cfg.lr, cfg.data.num_samples, cfg.data.seed) == (3, 0.01, 10, 5)
+    mc = cfg.model_config()
+    assert (mc.depth, mc.embed_dim, mc.patch_size) == (1, 32, 8)  # tiny preset + overrides
+    assert cfg.batch_size == TrainConfig.__dataclass_fields__["batch_size"].default  # untouched default
+    # YAML 1.1 reads 1e-3 as a string; numeric fields still get numbers, or an error naming them
+    cfg = load_train_config(y, ["lr=1e-3", "model.init_values=1e-5", "data.depth_scale=1e3"])
+    assert (cfg.lr, cfg.model_config().init_values, cfg.data.depth_scale) == (1e-3, 1e-5, 1000.0)
+    with pytest.raises(ValueError, match="TrainConfig.lr must be a number"):
+        load_train_config(y, ["lr=fast"])
+
+
+@pytest.mark.parametrize("bad, name", [("stepz=3", "stepz"), ("model.dept=3", "dept"), ("data.kindd=x", "kindd")])
+def test_unknown_keys_are_errors(bad, name):
+    with pytest.raises(ValueError, match=name):
+        load_train_config(TINY, [bad])
+
+
+def test_invalid_values_are_errors():
+    with pytest.raises(ValueError, match="query counts"):
+        load_train_config(TINY, ["queries=[8, 1000]"])
+    with pytest.raises(ValueError, match="kind"):
+        load_train_config(TINY, ["data.kind=imagenet"])
+
+
+@pytest.mark.parametrize("name", ["tiny", "demo", "vits_nyu", "vits_kitti"])
+def test_shipped_configs_hold_only_differences(name):
+    from depthpack.core.config import model_config
+    from depthpack.data.config import DataConfig
+
+    raw = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    cfg = load_train_config(ROOT / "configs" / f"{name}.yaml")
+    bases = {"model": to_dict(model_config(raw.get("preset", TrainConfig.preset))), "data": to_dict(DataConfig())}
+    default = to_dict(TrainConfig())
+    for key, value in raw.items():
+        for k, v in (value.items() if key in bases else [(None, value)]):
+            base = bases[key] if k is not None else default
+            name_ = k if k is not None else key
+            assert base.get(name_, object()) != v, f"{name}.yaml: {key}{'.' + k if k else ''} repeats the default {v!r}"
+    assert cfg.model_config().num_patches > 0
+
+
+# ---- the objective ------------------------------------------------------------------------------
+def test_a_few_steps_reduce_the_loss_on_a_fixed_batch():
+    from depthpack.data import make_dataset
+    from depthpack.train.loop import PackedObjective, WithQueries, build_model, make_optimizer, targets_for_batch
+
+    cfg = load_train_config(TINY, ["lr=2e-3", "warmup_steps=0"])
+    mc = cfg.model_config()
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5)
+    batch = torch.utils.data.default_collate([wq[(i, 1, i, 32)] for i in range(4)])
+    points, target, valid = targets_for_batch(batch)
+    model = build_model(cfg, torch.device("cpu"))
+    obj, opt = PackedObjective(model, 0.5, 0.0), make_optimizer(model, cfg)
+    losses = []
+    for _ in range(15):
+        loss, _, _ = obj(batch["image"], points, target, valid, bucket_for(32, model.cfg.buckets))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_distillation_term_is_zero_when_all_tokens_are_selected():
+    """At a bucket >= N patches the packed path IS the dense path, so the distillation term is ~0."""
+    from depthpack.data import make_dataset
+    from depthpack.train.loop import PackedObjective, WithQueries, build_model, targets_for_batch
+
+    cfg = load_train_config(TINY)
+    mc = cfg.model_config()
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5)
+    batch = torch.utils.data.default_collate([wq[(i, 1, i, 16)] for i in range(2)])
+    points, target, valid = targets_for_batch(batch)
+    obj = PackedObjective(randomize_(build_model(cfg, torch.device("cpu"))), 0.5, 1.0)  # attention that matters
+    _, _, full = obj(batch["image"], points, target, valid, mc.num_patches)
+    _, _, part = obj(batch["image"], points, target, valid, 16)
+    assert float(full) < 1e-5 and float(part) > 10 * float(full)
+
+
+def test_every_bucket_is_drawn():
+    from depthpack.train.loop import draw_q
+
+    cfg = load_train_config(TINY)
+    buckets = cfg.model_config().buckets
+    qs = [draw_q(cfg, buckets, s) for s in range(400)]
+    assert {min(b for b in buckets if b >= q) for q in qs} == set(buckets)
+    assert qs == [draw_q(cfg, buckets, s) for s in range(400)]  # a function of (seed, step)
+
+
+def test_batches_do_not_depend_on_workers_or_on_where_the_stream_starts():
+    """The data position is the step: a stream started at step 3 (a resume, mid-epoch) with a worker
+    process yields what the stream from step 0 without workers yields at steps 4-5."""
+    from depthpack.data import make_dataset
+    from depthpack.train.loop import Dist, batch_stream
+
+    cfg = load_train_config(TINY, ["steps=5", "data.num_samples=8"])  # 2 batches per epoch
+    mc = cfg.model_config()
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    full = list(batch_stream(ds, cfg, Dist(), 0, mc.buckets))
+    cfg.num_workers = 1
+    tail = list(batch_stream(ds, cfg, Dist(), 3, mc.buckets))
+    assert [s for s, _, _ in full] == [1, 2, 3, 4, 5] and [s for s, _, _ in tail] == [4, 5]
+    for (s1, q1, b1), (s2, q2, b2) in zip(full[3:], tail):
+        assert (s1, q1, b1["name"]) == (s2, q2, b2["name"])
+        assert torch.equal(b1["points"], b2["points"]) and torch.equal(b1["image"], b2["image"])
+    assert sorted(full[0][2]["name"] + full[1][2]["name"]) == sorted(full[2][2]["name"] + full[3][2]["name"])
+    assert full[0][2]["name"] + full[1][2]["name"] != full[2][2]["name"] + full[3][2]["name"]  # a new permutation
+
+
+# ---- training runs, checkpoints, resume ---------------------------------------------------------
+def weights(model_or_dir) -> dict[str, torch.Tensor]:
+    return ck.load_model(model_or_dir).state_dict()
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """One uninterrupted tiny run (6 steps, checkpoints at 3 and 6); tests copy it before changing it."""
+    from depthpack.train import train
+
+    out = tmp_path_factory.mktemp("done") / "run"
+    summary = train(tiny_cfg(out))
+    return out, summary
+
+
+def copy_run(done, dst: Path) -> Path:
+    shutil.copytree(done[0], dst)
+    return dst
+
+
+def test_run_writes_config_log_and_checkpoints(done, tmp_path):
+    from depthpack.train import train
+
+    tmp_path = copy_run(done, tmp_path / "run")
+    cfg = load_train_config(tmp_path / "config.yaml", [f"out_dir={tmp_path}"])
+    summary = done[1]
+    assert summary["step"] == cfg.steps
+    written = load_train_config(tmp_path / "config.yaml")
+    assert to_dict(written) == to_dict(tiny_cfg(done[0]))
+    latest = json.loads((tmp_path / "latest.json").read_text())
+    assert latest["step"] == cfg.steps
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_00000003", "step_00000006"]  # keep 2
+    rows = (tmp_path / "log.csv").read_text().strip().splitlines()
+    assert rows[0].startswith("step,loss") and len(rows) == 1 + cfg.steps
+    assert "abs_rel" in json.loads((tmp_path / "summary.json").read_text())["val"]
+    with pytest.raises(ValueError, match="resume=true"):  # never silently mixes two runs
+        train(cfg)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_to_the_same_weights(done, tmp_path):
+    """Uninterrupted 6 steps == (killed after step 5, checkpoint at 3) + resume, bit for bit on CPU."""
+    from depthpack.train import train
+
+    def kill_at_5(step, info):
+        if step == 5:
+            raise Killed
+
+    part = tiny_cfg(tmp_path / "part")
+    with pytest.raises(Killed):
+        train(part, hook=kill_at_5)
+    assert json.loads((tmp_path / "part" / "latest.json").read_text())["step"] == 3  # lost steps 4-5 only
+    summary = train(tiny_cfg(tmp_path / "part", "resume=true"))
+    assert summary["resumed_from"] == 3 and summary["step"] == 6
+    a, b = weights(done[0]), weights(tmp_path / "part")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the log holds each step once: rows 4-5 of the killed attempt were dropped on resume
+    steps = [int(r.split(",")[0]) for r in (tmp_path / "part" / "log.csv").read_text().strip().splitlines()[1:]]
+    assert steps == list(range(1, 7))
+
+
+def test_truncated_checkpoint_is_detected_and_the_previous_one_used(done, tmp_path):
+    from depthpack.train import train
+
+    tmp_path = copy_run(done, tmp_path / "run")
+    last = ck.step_dir(tmp_path, 6) / ck.WEIGHTS
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ck.CheckpointError, match=r"step_00000006/model\.safetensors is truncated"):
+        ck.load_model(last.parent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d, _ = ck.latest_checkpoint(tmp_path)
+        model = ck.load_model(tmp_path)
+    assert d.name == "step_00000003"
+    assert any("step_00000006" in str(w.message) and "truncated" in str(w.message) for w in caught)
+    assert torch.equal(model.state_dict()["head.tok.weight"], weights(ck.step_dir(tmp_path, 3))["head.tok.weight"])
+    # resuming continues from step 3 and ends at the configured step count
+    summary = train(tiny_cfg(tmp_path, "resume=true"))
+    assert (summary["resumed_from"], summary["step"]) == (3, 6)
+    ck.verify_checkpoint(ck.step_dir(tmp_path, 6))  # rewritten whole
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Evil.marker}",))
+
+
+def test_pickled_code_in_training_state_is_refused(done, tmp_path):
+    from depthpack.train import train
+
+    _Evil.marker = tmp_path / "pwned"
+    tmp_path = copy_run(done, tmp_path / "run")
+    d = ck.step_dir(tmp_path, 6)
+    payload = pickle.dumps({"step": 6, "x": _Evil()})
+    buf = io.BytesIO()
+    torch.save({"step": 6, "x": _Evil()}, buf)
+    for blob in (buf.getvalue(), payload):
+        (d / ck.STATE).write_bytes(blob)
+        meta = json.loads((d / ck.META).read_text())  # an attacker can fix the hashes too
+        meta["files"][ck.STATE] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        (d / ck.META).write_text(json.dumps(meta))
+        with pytest.raises(ck.CheckpointError, match="refused or unreadable"):
+            ck.load_state_bytes(ck.verify_checkpoint(d)[ck.STATE], d / ck.STATE)
+        with pytest.raises(ck.CheckpointError, match="refused or unreadable"):
+            train(tiny_cfg(tmp_path, "steps=8", "resume=true"))
+    assert not _Evil.marker.exists()
+
+
+def test_load_model_errors_name_the_problem(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="does not exist"):
+        ck.load_model(tmp_path / "nothing")
+    with pytest.raises(ck.CheckpointError, match="holds no checkpoint"):
+        ck.load_model(tmp_path)
+
+
+# ---- torchrun, gloo, 2 processes ----------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun_two(out, *overrides: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           str(ROOT / "train" / "train.py"), "--config", str(TINY), f"out_dir={out}", "steps=4", "ckpt_every=2",
+           "eval_images=2", *overrides]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_torchrun_gloo_two_processes(tmp_path):
+    out = tmp_path / "ddp"
+    summary = _torchrun_two(out, "device=cpu")
+    assert (summary["world_size"], summary["step"], summary["backend"]) == (2, 4, "gloo")
+    assert summary["ranks_in_sync"]  # the all-reduced gradients left both ranks with the same weights
+    assert json.loads((out / "latest.json").read_text())["step"] == 4
+    rows = (out / "log.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 4  # rank 0 alone writes the log
+    ck.load_model(out)  # a checkpoint that verifies and loads strictly
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_torchrun_nccl_two_gpus(tmp_path):
+    out = tmp_path / "ddp"
+    summary = _torchrun_two(out)  # device auto: cuda:LOCAL_RANK, nccl
+    assert (summary["world_size"], summary["step"], summary["backend"]) == (2, 4, "nccl")
+    assert summary["device"] == "cuda:0" and summary["ranks_in_sync"]
+    assert json.loads((out / "latest.json").read_text())["step"] == 4
+    assert len((out / "log.csv").read_text().strip().splitlines()) == 1 + 4
+    ck.load_model(out)
+
+
+def test_extra_points_lie_in_their_query_patch_and_cost_no_token():
+    """Extra supervision points: inside the patch of their parent query, and decoded from the tokens
+    the queries selected: the loss equals the packed forward over queries + extras together."""
+    from depthpack.data import make_dataset
+    from depthpack.train.losses import SiLogLoss
+    from depthpack.train.loop import PackedObjective, WithQueries, build_model, gather_at, targets_for_batch
+
+    cfg = load_train_config(TINY)
+    mc = cfg.model_config()
+    p = mc.patch_size
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, extra_points=2, patch_size=p)
+    batch = torch.utils.data.default_collate([wq[(i, 1, i, 4)] for i in range(3)])
+    assert batch["extra_points"].shape == (3, 8, 2) and batch["extra_parent"].shape == (3, 8)
+    parents = torch.gather(batch["points"], 1, batch["extra_parent"][..., None].expand(-1, -1, 2))
+    assert torch.equal(torch.div(batch["extra_points"], p, rounding_mode="floor"),
+                       torch.div(parents, p, rounding_mode="floor"))
+    assert torch.equal(wq[(1, 1, 1, 4)]["extra_points"], batch["extra_points"][1])  # seeded like the points
+    points, target, valid = targets_for_batch(batch)
+    xt, xv = gather_at(batch["extra_points"], batch["depth"], batch["valid"])
+    model = randomize_(build_model(cfg, torch.device("cpu"))).eval()
+    obj = PackedObjective(model, 0.5, 0.0)
+    with torch.no_grad():
+        loss, _, _ = obj(batch["image"], points, target, valid, 16, (batch["extra_points"], batch["extra_parent"], xt, xv))
+        both = torch.cat([points, batch["extra_points"]], 1)
+        want = SiLogLoss(0.5)(model.forward_packed(batch["image"], both, 16), torch.cat([target, xt], 1),
+                              torch.cat([valid, xv], 1))
+    assert abs(float(loss) - float(want)) < 1e-5
+
+
+def test_hflip_mirrors_image_and_maps_before_the_points_are_drawn():
+    from depthpack.data import make_dataset
+    from depthpack.train.loop import WithQueries, hflip_sample
+
+    cfg = load_train_config(TINY)
+    mc = cfg.model_config()
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    s = ds[0]
+    f = hflip_sample(s)
+    assert torch.equal(f["image"], s["image"].flip(-1)) and torch.equal(f["depth"][:, 0], s["depth"][:, -1])
+    assert all(torch.equal(hflip_sample(f)[k], s[k]) for k in ("image", "depth", "valid", "eval_mask"))
+    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, hflip=True)
+    flipped = [torch.equal(wq[(0, 1, j, 8)]["image"], f["image"]) for j in range(16)]
+    assert 2 <= sum(flipped) <= 14  # about half, decided per (step, slot)
+    for j in range(16):
+        smp = wq[(0, 1, j, 8)]
+        xy = smp["points"].long()
+        assert smp["valid"][xy[:, 1], xy[:, 0]].all()  # drawn on the mirrored valid mask
