@@ -18,27 +18,30 @@ Method
      analytically (`depth_anything_inventory`).
   2. Cost of one kernel on a device:
          t = clock_scale * (launch + floor[category]) + max(t_compute, t_memory)
-         t_memory  = bytes / (bandwidth * mem_eff)
+         t_memory  = (weight bytes + activation bytes * (l2 if they fit in half the L2 else 1)) / (bandwidth * mem_eff)
          t_compute = flops / (peak * eff * s(u)),   u = M*N / (tile_area * SMs),   s(u) = u / (1 + u^q)^(1/q)
      s(u) is the efficiency curve of small GEMMs. It rises with the number of output tiles relative to the
      SM count and saturates at 1. Below one wave the time is one tile's serial time: proportional to the
      reduction length K, independent of M and N. Attention uses the same curve over (batch*heads*query
      tiles). Convolutions are implicit GEMMs with their own efficiency. `launch` is the CUDA-graph node gap;
      `floor` is a kernel's fixed body time (prologue, epilogue, sync). clock_scale = 1.98 GHz / device clock
-     (1 on the H200).
+     (1 on the H200). `l2` is the cost of L2-resident activation traffic relative to DRAM.
   3. Calibration on the H200 (bf16): a Nelder-Mead least-squares fit of log(predicted/measured) over these
-     inputs. The per-category busy time of the profiled packed forward (`docs/bench/h200/profile.md`,
-     compiled and eager, bucket 256). The CUDA-graph replay times of the packed forward, compiled and
-     eager, at buckets 64..1024 and batch 1 and 8 (`docs/bench/h200/bench.json`, `targets/bench.json`). The
-     dense forward in a graph at B1/B8, and Depth Anything V2 Small in a graph, eager and compiled. Each
-     point's fit error is reported.
+     inputs. The per-category busy time of the profiled packed forward and some of its kernel lines
+     (`docs/bench/h200/profile.md`, compiled and eager, bucket 256). The CUDA-graph replay times of the packed
+     forward, compiled and eager, at buckets 64..1024 and batch 1 and 8 (`docs/bench/h200/bench.json`,
+     `targets/bench.json`). The dense forward in a graph at B1/B8, and Depth Anything V2 Small in a graph,
+     eager and compiled. Each point's fit error is reported.
   4. Transfer to the Orin (sm_87, Ampere: mma.sync tensor cores, no TMA/wgmma/PDL). Peaks and bandwidths
-     come from the datasheets (DEVICES). The fixed per-kernel costs scale with the clock ratio. GEMM,
-     attention and convolution efficiency is multiplied by one ratio `r_orin`. r_orin and each source's
-     fixed host overhead are fitted to published TensorRT latencies of Depth Anything Small models on
-     Orins (PUBLISHED). The band in the outputs combines the H200 fit error, the spread of r_orin, the
-     unknown per-kernel cost on the Orin (0.75x..2x the clock-scaled H200 value) and the Orin's achievable
-     DRAM efficiency (0.6..0.85).
+     come from the datasheets (DEVICES). The fixed per-kernel costs scale with the clock ratio. GEMMs and
+     convolutions run at one saturated efficiency `target_eff`; attention at target_eff times the H200's
+     attention/GEMM ratio. target_eff and each source's fixed host overhead are fitted to published
+     TensorRT latencies of Depth Anything Small models on Orins (PUBLISHED; the JetPack 6 / TensorRT 10.3
+     stack is used, the JetPack 5 one is reported). The band in the outputs spans three corners (CORNERS)
+     of what no data fixes: the per-kernel cost on the Orin (0.75x..2x the clock-scaled H200 value), the
+     achievable DRAM efficiency (0.6..0.85), the L2 reuse (1..0.3), and the spread of the fitted target_eff
+     (with/without DA3's auxiliary head, and the value that fits an unfitted cross-check). The H200 fit's
+     RMS error widens it further.
 
 --profile FILE: a measured profile replaces the committed H200 profile numbers in the calibration. Its format
 (JSON; one object, or a list of them):
@@ -114,12 +117,14 @@ DEVICES: dict[str, Device] = {d.key: d for d in [
            ("NVIDIA Jetson AGX Orin Series Technical Brief v1.2 (summary: http://mzph.cn/web/30785.shtml)",
             "https://www.nvidia.com/en-us/autonomous-machines/embedded-systems/jetson-orin/")),
     Device("orin_nx_16", "Jetson Orin NX 16GB", 8, 0.918, _orin_peak(8, 0.918), 102.4, 2.0, "sm_87",
-           "1024 CUDA cores = 8 SMs, 32 tensor cores, 2 MB L2 (deviceQuery), GPU max 918 MHz (MAXN, JetPack 5/6; JetPack 6.2's "
+           "1024 CUDA cores = 8 SMs, 32 tensor cores, 2 MB L2 (deviceQuery), GPU max 918 MHz "
+           "(MAXN, JetPack 5/6; JetPack 6.2's "
            "MAXN_SUPER raises it to 1173 MHz), 102.4 GB/s; 100 TOPS with the DLAs (GPU ~60 sparse INT8)",
            ("https://github.com/icub-tech-iit/cad-libraries/files/13056089/JETSON-ORIN-NX-DATASHEET.pdf",
             "deviceQuery of an Orin NX 16GB: https://gist.github.com/atinfinity/8cede915acda05d0ff427c09604735dd")),
     Device("orin_nano_super", "Jetson Orin Nano Super 8GB", 8, 1.02, _orin_peak(8, 1.02), 102.0, 2.0, "sm_87",
-           "1024 CUDA cores = 8 SMs, 32 tensor cores, L2 assumed 2 MB as the NX, GPU 1020 MHz (MAXN_SUPER, JetPack 6.1+), 102 GB/s; "
+           "1024 CUDA cores = 8 SMs, 32 tensor cores, L2 assumed 2 MB as the NX, GPU 1020 MHz "
+           "(MAXN_SUPER, JetPack 6.1+), 102 GB/s; "
            "67 sparse INT8 TOPS -> 16.7 dense FP16 TFLOP/s",
            ("NVIDIA Jetson Orin Nano Super Developer Kit datasheet (Dec 2024), as quoted at "
             "https://www.brojogopalsapui.com/ai-foundations/sub_contents/AI_hardware/jetson_orin_nano_light.html",)),
@@ -1091,7 +1096,8 @@ def markdown(rep: dict) -> str:
           "0.5. The fitted efficiencies are with and without DA3's auxiliary head, plus the one that makes the "
           "unfitted cross-check exact. L2 reuse means activation traffic that fits in half the L2 (4 MB AGX, "
           "2 MB NX/Nano) costs that fraction of its DRAM time. Weights (42 MB per forward) always come from DRAM.",
-          "", "## Devices", "", "| device | SMs | clock GHz | dense FP16 TFLOP/s | DRAM GB/s | L2 MB | derivation | sources |",
+          "", "## Devices", "",
+          "| device | SMs | clock GHz | dense FP16 TFLOP/s | DRAM GB/s | L2 MB | derivation | sources |",
           "|---|---|---|---|---|---|---|---|"]
     for k, d in rep["devices"].items():
         L.append(f"| {d['name']} | {d['sms']} | {d['clock_ghz']} | {d['peak_tflops']:.1f} | {d['mem_gbs']} | {d['l2_mb']} | "
