@@ -1,63 +1,16 @@
 """Jetson Orin latency of depthpack's forwards, predicted by a per-kernel cost model calibrated on the H200.
 
-    python -m depthpack.orin --out docs/jetson                 # latency.md, latency.json, latency.png
-    python -m depthpack.orin --out DIR --profile prof.json     # calibrate on a measured profile instead
+    python -m depthpack.bench.orin --out docs/jetson                 # latency.md, latency.json, latency.png
+    python -m depthpack.bench.orin --out DIR --profile prof.json     # calibrate on a measured profile
+    python -m depthpack.bench --predict orin-agx-64gb                # the same, from the benchmark's CLI
 
-PREDICTIONS, NOT MEASUREMENTS. Nothing here ran on a Jetson. Each output says so.
-
-Method
-  1. Kernel inventory. From a ModelConfig plus (B, K) this lists the kernels that one forward launches,
-     with their FLOPs and minimum bytes moved. Each ViT block has LayerNorm, the QKV GEMM
-     (M = B*(1+A+K) rows), attention over S = 1+A+K tokens, the output projection, LayerNorm, fc1 (+GELU)
-     and fc2 (+LayerScale and residual). Around the blocks come the token selection (top-k over the N
-     patches), the patch embedding of the K selected patches and of the A anchors (GEMMs), and the query
-     head. Two launch forms exist. `compiled` is what Inductor emits (fused norm/GELU/residual Triton
-     kernels; 121 kernels for vits, as profiled on the H200). `eager` is what the eager forward captured in
-     a CUDA graph launches (206 kernels). The dense path is the same model over all 1+A+N tokens. Depth
-     Anything (V1/V2 Small, and 3 Small) is a ViT-S/14 plus a DPT head whose convolutions are counted
-     analytically (`depth_anything_inventory`).
-  2. Cost of one kernel on a device:
-         t = clock_scale * (launch + floor[category]) + max(t_compute, t_memory)
-         t_memory  = (weight bytes + activation bytes * (l2 if they fit in half the L2 else 1)) / (bandwidth * mem_eff)
-         t_compute = flops / (peak * eff * s(u)),   u = M*N / (tile_area * SMs),   s(u) = u / (1 + u^q)^(1/q)
-     s(u) is the efficiency curve of small GEMMs. It rises with the number of output tiles relative to the
-     SM count and saturates at 1. Below one wave the time is one tile's serial time: proportional to the
-     reduction length K, independent of M and N. Attention uses the same curve over (batch*heads*query
-     tiles). Convolutions are implicit GEMMs with their own efficiency. `launch` is the CUDA-graph node gap;
-     `floor` is a kernel's fixed body time (prologue, epilogue, sync). clock_scale = 1.98 GHz / device clock
-     (1 on the H200). `l2` is the cost of L2-resident activation traffic relative to DRAM.
-  3. Calibration on the H200 (bf16): a Nelder-Mead least-squares fit of log(predicted/measured) over these
-     inputs. The per-category busy time of the profiled packed forward and some of its kernel lines
-     (`docs/bench/h200/profile.md`, compiled and eager, bucket 256). The CUDA-graph replay times of the packed
-     forward, compiled and eager, at buckets 64..1024 and batch 1 and 8 (`docs/bench/h200/bench.json`,
-     `targets/bench.json`). The dense forward in a graph at B1/B8, and Depth Anything V2 Small in a graph,
-     eager and compiled. Each point's fit error is reported.
-  4. Transfer to the Orin (sm_87, Ampere: mma.sync tensor cores, no TMA/wgmma/PDL). Peaks and bandwidths
-     come from the datasheets (DEVICES). The fixed per-kernel costs scale with the clock ratio. GEMMs and
-     convolutions run at one saturated efficiency `target_eff`; attention at target_eff times the H200's
-     attention/GEMM ratio. target_eff and each source's fixed host overhead are fitted to published
-     TensorRT latencies of Depth Anything Small models on Orins (PUBLISHED; the JetPack 6 / TensorRT 10.3
-     stack is used, the JetPack 5 one is reported). The band in the outputs spans three corners (CORNERS)
-     of what no data fixes: the per-kernel cost on the Orin (0.75x..2x the clock-scaled H200 value), the
-     achievable DRAM efficiency (0.6..0.85), the L2 reuse (1..0.3), and the spread of the fitted target_eff
-     (with/without DA3's auxiliary head, and the value that fits an unfitted cross-check). The H200 fit's
-     RMS error widens it further.
-
---profile FILE: a measured profile replaces the committed H200 profile numbers in the calibration. Its format
-(JSON; one object, or a list of them):
-    {"kernels": [{"name": str, "us": float, "launches": float, "category": str}, ...],
-     "kernels_per_call": float,      # kernels per forward
-     "graph_replay_ms": float,       # CUDA graph replay of the same forward, ms
-     "backend": "compile+graph" | "graph",   # optional, default "compile+graph"
-     "preset": "vits", "batch": 1, "bucket": 256,      # optional; defaults shown
-     "dtype": "bfloat16", "device": "NVIDIA H200"}     # optional, informational
-"us" and "launches" are per forward. "category" is one of depthpack.profiling's categories ("gemm",
-"attention", "triton fused", "select/topk", "layernorm/elementwise", "conv (anchors)", "other"). The per-category
-sums of "us" become busy-time calibration points, and "graph_replay_ms" a replay point. The file's
-"kernels_per_call" must match the inventory's kernel count within 10%; otherwise a warning goes to stderr.
-
-This module imports only the standard library, numpy, matplotlib (for the plot) and depthpack.config (for
-model shapes). It is meant to move into a depthpack/bench/ package unchanged.
+PREDICTIONS, NOT MEASUREMENTS: nothing here ran on a Jetson, and every output says so. Each kernel of
+a forward (the inventory: FLOPs and minimum bytes per kernel) costs a launch/floor term plus the
+larger of its compute time (with an efficiency curve for small GEMMs) and its memory time; the terms
+are fitted to the H200's measured profile and latencies, then moved to the Orins' published clocks,
+SMs, tensor rates and bandwidths, with the Orin-side efficiency fitted to published TensorRT
+latencies of Depth Anything Small. The method, the --profile JSON format (what depthpack.bench.profile
+writes as profile.json) and the calibration table are in docs/jetson/latency.md.
 """
 from __future__ import annotations
 
@@ -70,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from depthpack.config import PRESETS, ModelConfig, model_config
+from ..core.config import PRESETS, ModelConfig, model_config
 
 __all__ = ["Device", "DEVICES", "Kernel", "Params", "packed_inventory", "dense_inventory",
            "depth_anything_inventory", "forward_us", "calibrate_h200", "calibrate_orin", "predict", "main"]
@@ -241,11 +194,11 @@ def _prologue_epilogue(cfg: ModelConfig, b: int, kp: int, q: int, form: str, pac
     return ks
 
 
-def packed_inventory(cfg: ModelConfig, batch: int, capacity: int, queries: int | None = None,
+def packed_inventory(cfg: ModelConfig, batch: int, bucket: int, queries: int | None = None,
                      form: str = "compiled") -> list[Kernel]:
-    """One packed forward: 1 + A + Kp tokens, Kp = min(capacity, N)."""
-    kp = min(capacity, cfg.num_patches)
-    q = capacity if queries is None else queries  # the head runs over the padded query count of the bucket
+    """One packed forward: 1 + A + Kp tokens, Kp = min(bucket, N)."""
+    kp = min(bucket, cfg.num_patches)
+    q = bucket if queries is None else queries  # the head runs over the padded query count of the bucket
     s = 1 + cfg.num_anchors + kp
     return vit_blocks(cfg, batch, s, form) + _prologue_epilogue(cfg, batch, kp, q, form, True, kp)
 
@@ -493,7 +446,7 @@ def breakdown_us(ks: list[Kernel], dev: Device, p: Params, busy: bool = True) ->
     return out
 
 
-# profiler category (depthpack.profiling) -> inventory categories
+# profiler category (depthpack.bench.profile) -> inventory categories
 PROFILE_CATEGORIES = {"gemm": ("gemm",), "attention": ("attention",), "select/topk": ("topk", "select"),
                       "triton fused": ("norm", "pointwise"), "layernorm/elementwise": ("norm", "pointwise"),
                       "conv (anchors)": ("conv",)}
@@ -1013,7 +966,7 @@ def markdown(rep: dict) -> str:
     verdict = ("**met across the whole band**" if g["met_whole_band"] else
                "**met at the central estimate, not across the whole band**" if g["met_central"] else "**not met**")
     L = ["# depthpack on Jetson Orin: PREDICTED latency (not measured)", "",
-         f"> {rep['note']} Generated by `python -m depthpack.orin --out docs/jetson` (the model is "
+         f"> {rep['note']} Generated by `python -m depthpack.bench.orin --out docs/jetson` (the model is "
          "`depthpack/orin.py`; its tests are `tests/test_orin.py`). The same numbers are in `latency.json`.", "",
          f"Model: vits at 518x518 (12 blocks, width 384, 6 heads, {rep['preset_shapes']['anchors']} anchors, "
          f"buckets {rep['preset_shapes']['buckets']}). Launch form: {rep['backend']}. Precision: {rep['dtype']}.", "",
@@ -1199,7 +1152,7 @@ def load_profiles(files: list[str]) -> list[dict]:
         for prof in data if isinstance(data, list) else [data]:
             missing = [k for k in ("kernels", "kernels_per_call", "graph_replay_ms") if k not in prof]
             if missing:
-                raise ValueError(f"{f}: profile lacks {', '.join(missing)} (format: python -m depthpack.orin --help)")
+                raise ValueError(f"{f}: profile lacks {', '.join(missing)} (format: python -m depthpack.bench.orin --help)")
             cats: dict[str, float] = {}
             for k in prof["kernels"]:
                 cat = k.get("category", "other")

@@ -1,4 +1,4 @@
-"""The Jetson latency model (depthpack.orin): its inventory counts the FLOPs the real model spends, its H200
+"""The Jetson latency model (depthpack.bench.orin): its inventory counts the FLOPs the real model spends, its H200
 calibration reproduces the measurements it was fitted to, its predictions move the right way, and its CLI
 writes what it promises. CPU only, no network."""
 import json
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthpack import orin
-from depthpack.config import model_config
+from depthpack.bench import orin
+from depthpack.core.config import model_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "docs" / "bench" / "h200" / "bench.json"
 TARGETS = ROOT / "docs" / "bench" / "h200" / "targets" / "bench.json"
 
@@ -37,9 +37,9 @@ def _counted(model, fn):
     return fc.get_total_flops(), gemm
 
 
-@pytest.mark.parametrize("preset,capacity,queries", [("tiny", 8, 5), ("tiny", 64, 64), ("vits", 256, 200)])
-def test_packed_inventory_flops_equal_flop_counter(preset, capacity, queries):
-    from depthpack.model import create_model
+@pytest.mark.parametrize("preset,bucket,queries", [("tiny", 8, 5), ("tiny", 64, 64), ("vits", 256, 200)])
+def test_packed_inventory_flops_equal_flop_counter(preset, bucket, queries):
+    from depthpack.core.model import create_model
 
     torch.manual_seed(0)
     m = create_model(preset).eval()
@@ -47,14 +47,14 @@ def test_packed_inventory_flops_equal_flop_counter(preset, capacity, queries):
     H, W = cfg.img_size
     images = torch.rand(1, 3, H, W)
     points = torch.rand(1, queries, 2) * torch.tensor([W - 1.0, H - 1.0])
-    total, gemm = _counted(m, lambda: m.forward_packed(images, points, capacity))
-    inv = orin.packed_inventory(cfg, 1, capacity, queries)
+    total, gemm = _counted(m, lambda: m.forward_packed(images, points, bucket))
+    inv = orin.packed_inventory(cfg, 1, bucket, queries)
     assert orin.total_flops(inv, ("gemm",)) == pytest.approx(gemm, rel=0.01)
     assert orin.total_flops(inv) == pytest.approx(total, rel=0.01)
 
 
 def test_dense_inventory_flops_equal_flop_counter():
-    from depthpack.model import create_model
+    from depthpack.core.model import create_model
 
     m = create_model("tiny").eval()
     H, W = m.cfg.img_size
@@ -217,7 +217,7 @@ def test_profile_file_becomes_calibration_points(tmp_path):
 
 def test_cli_writes_the_three_files_and_ends_with_json(tmp_path):
     out = tmp_path / "jetson"
-    p = subprocess.run([sys.executable, "-m", "depthpack.orin", "--out", str(out), "--profile",
+    p = subprocess.run([sys.executable, "-m", "depthpack.bench.orin", "--out", str(out), "--profile",
                         str(_profile_file(tmp_path))], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])
