@@ -8,7 +8,7 @@
 # Debian's cross gcc has its target files built in (/usr/aarch64-linux-gnu/{include,lib}), so there is
 # no CMAKE_SYSROOT here: --sysroot=/usr/aarch64-linux-gnu would make gcc look for usr/include below it,
 # which Debian's layout does not have. For another toolchain (a Linaro/ARM tarball, a Jetson rootfs
-# copy) set DP_CROSS_SYSROOT and, if the compiler is not on PATH as aarch64-linux-gnu-g++,
+# copy; not tried here) set DP_CROSS_SYSROOT and, if the compiler is not on PATH as aarch64-linux-gnu-g++,
 # DP_CROSS_PREFIX (e.g. /opt/gcc-arm/bin/aarch64-none-linux-gnu-).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
