@@ -300,10 +300,16 @@ std::pair<at::Tensor, std::pair<int64_t, int64_t>> load_image(const fs::path& pa
   cv::Mat rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
   const int64_t h0 = rgb.rows, w0 = rgb.cols;
-  if (h0 != m.H || w0 != m.W) cv::resize(rgb, rgb, cv::Size(int(m.W), int(m.H)), 0, 0, cv::INTER_LINEAR);
   rgb = rgb.isContinuous() ? rgb : rgb.clone();
-  // same ops as preprocess.py: uint8 HWC -> CHW -> float32 -> / 255
-  at::Tensor t = torch::from_blob(rgb.data, {m.H, m.W, 3}, torch::kUInt8).permute({2, 0, 1}).to(torch::kFloat32).div_(255.0);
+  // depthpack/core/preprocess.py's one definition: float RGB, bilinear (align_corners=false, no
+  // antialias) to the model's size, / 255
+  at::Tensor t = torch::from_blob(rgb.data, {1, h0, w0, 3}, torch::kUInt8).permute({0, 3, 1, 2}).to(torch::kFloat32);
+  if (h0 != m.H || w0 != m.W)
+    t = torch::nn::functional::interpolate(t, torch::nn::functional::InterpolateFuncOptions()
+                                                  .size(std::vector<int64_t>{m.H, m.W})
+                                                  .mode(torch::kBilinear)
+                                                  .align_corners(false));
+  t = t.div_(255.0)[0];
   return {t.unsqueeze(0).repeat({m.batch, 1, 1, 1}).contiguous(), {h0, w0}};
 #else
   throw Fail("image " + path.string() + ": this build has no OpenCV, so --image must be a .safetensors file "
