@@ -26,6 +26,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# On a GPU the CPU recipe (batch 32, 2 threads) leaves the GPU waiting on the host: the same number of
+# samples in larger batches, rendered and drawn by DataLoader workers.
+GPU_RECIPE = ["batch_size=128", "steps=1200", "lr=4e-3", "warmup_steps=100", "threads=0", "num_workers=6",
+              "ckpt_every=400", "eval_every=0"]
 
 
 class StepFailed(RuntimeError):
@@ -54,6 +58,29 @@ def run_step(name: str, cmd: list[str], logs: Path, env: dict | None = None) -> 
     return dt
 
 
+class Background:
+    """A step started now and finished later (its output goes to its log only): on a GPU machine the
+    C++ build overlaps training and the export overlaps evaluation."""
+
+    def __init__(self, name: str, cmd: list[str], logs: Path):
+        logs.mkdir(parents=True, exist_ok=True)
+        self.name, self.log = name, logs / f"{name}.log"
+        print(f"\n=== {name} (in the background): {' '.join(cmd)}", flush=True)
+        self.t0 = time.perf_counter()
+        self._f = open(self.log, "w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._f, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def finish(self) -> float:
+        rc = self.proc.wait()
+        self._f.close()
+        dt = time.perf_counter() - self.t0
+        if rc != 0:
+            raise StepFailed(f"step '{self.name}' failed (exit {rc}) after {dt:.0f} s; see {self.log}")
+        print(f"=== {self.name}: done in {dt:.1f} s (in the background)", flush=True)
+        return dt
+
+
 def last_json(log: Path) -> dict:
     """The last line of a log that parses as a JSON object (the CLIs end their output with one)."""
     for line in reversed(log.read_text().splitlines()):
@@ -66,18 +93,21 @@ def last_json(log: Path) -> dict:
     return {}
 
 
-def build_runner(build_dir: Path, logs: Path) -> tuple[Path, float]:
-    """Configure and build deploy_cpp/ against the installed torch; returns the binary and seconds."""
+def configure_runner(build_dir: Path, logs: Path) -> tuple[list[str], float]:
+    """Configure deploy_cpp/ against the installed torch; returns the build command and seconds."""
     cmake = shutil.which("cmake")
     if cmake is None:
         raise StepFailed("cmake not found: install CMake >= 3.18 to build the C++ runner")
     dt = run_step("cpp_configure", [cmake, "-S", "deploy_cpp", "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                                     f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"], logs)
-    dt += run_step("cpp_build", [cmake, "--build", str(build_dir), "-j", str(os.cpu_count() or 2)], logs)
+    return [cmake, "--build", str(build_dir), "-j", str(os.cpu_count() or 2)], dt
+
+
+def runner_binary(build_dir: Path, logs: Path) -> Path:
     binary = build_dir / "depthpack_run"
     if not binary.is_file():
         raise StepFailed(f"the build finished but {binary} is missing; see {logs / 'cpp_build.log'}")
-    return binary, dt
+    return binary
 
 
 def selection_png(ckpt: Path, out: Path) -> Path:
@@ -105,7 +135,7 @@ def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
     lines += [f"| **total** | **{sum(times.values()):.1f}** |", ""]
     train = info.get("train", {})
     if train:
-        lines += ["## Training", "", f"`configs/demo.yaml`: {json.dumps(train)}", ""]
+        lines += ["## Training", "", f"{info.get('recipe', 'configs/demo.yaml')}: {json.dumps(train)}", ""]
     if (out / "eval" / "eval.md").is_file():
         lines += ["## Accuracy on held-out synthetic scenes (packed vs masked vs dense)", "",
                   (out / "eval" / "eval.md").read_text().strip(), ""]
@@ -142,27 +172,47 @@ def main(argv: list[str] | None = None) -> Path:
     times: dict[str, float] = {}
     ckpt = out / "train"
 
+    # on a GPU machine: the GPU recipe, and the C++ build and the export overlap training and evaluation
+    train_cmd = [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"]
+    if cuda:
+        train_cmd += GPU_RECIPE
+        info["recipe"] = f"`{a.config}` with the GPU recipe `{' '.join(GPU_RECIPE)}`"
+    else:
+        info["recipe"] = f"`{a.config}`"
+    cpp_build, binary = None, None
+    if "cpp" not in a.skip:  # built before the export: where Python cannot load packages the export
+        build_cmd, times["C++ runner configure"] = configure_runner(out / "cpp_build", logs)  # checks with it
+        if cuda:
+            cpp_build = Background("cpp_build", build_cmd, logs)
+        else:
+            times["C++ runner build"] = run_step("cpp_build", build_cmd, logs)
+            binary = runner_binary(out / "cpp_build", logs)
     if "train" not in a.skip:
-        times["train"] = run_step("train", [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"], logs)
+        times["train"] = run_step("train", train_cmd, logs)
         info["train"] = last_json(logs / "train.log")
+    if cpp_build is not None:
+        times["C++ runner build (during training)"] = cpp_build.finish()
+        binary = runner_binary(out / "cpp_build", logs)
+    export_dir = out / "export"
+    export = None
+    if "export" not in a.skip:
+        cmd = [py, "export/export.py", "--checkpoint", str(ckpt), "--out", str(export_dir), "--device", device, "--onnx"]
+        cmd += ["--cpp-runner", str(binary)] if binary else []
+        if cuda:
+            export = Background("export", cmd, logs)
+        else:
+            times["export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
+        info["export"] = (f"Packages, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the manifest the "
+                          "export ran each package against eager on fresh inputs and on the reference (log: "
+                          f"`{rel_to(logs / 'export.log', out)}`).")
     if "eval" not in a.skip:
         times["evaluate"] = run_step("evaluate", [py, "-m", "depthpack.eval", "--checkpoint", str(ckpt),
                                                   "--out", str(out / "eval"), "--queries", "16", "64", "256"], logs)
         t0 = time.perf_counter()
         selection_png(ckpt, out)
         times["selection figure"] = time.perf_counter() - t0
-    export_dir = out / "export"
-    binary = None
-    if "cpp" not in a.skip:  # built first: where Python cannot load packages (torch 2.11 + CUDA) the
-        binary, dt = build_runner(out / "cpp_build", logs)  # export checks them with this runner
-        times["C++ runner build"] = dt
-    if "export" not in a.skip:
-        cmd = [py, "export/export.py", "--checkpoint", str(ckpt), "--out", str(export_dir), "--device", device, "--onnx"]
-        cmd += ["--cpp-runner", str(binary)] if binary else []
-        times["export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
-        info["export"] = (f"Packages, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the manifest the "
-                          "export ran each package against eager on fresh inputs and on the reference (log: "
-                          f"`{rel_to(logs / 'export.log', out)}`).")
+    if export is not None:
+        times["export (.pt2 + ONNX, during evaluation)"] = export.finish()
     if binary is not None:
         man = export_dir / "manifest.json"
         check = [str(binary), "--manifest", str(man), "--check", str(export_dir / "reference.safetensors"), "--bench", "50"]
@@ -177,9 +227,12 @@ def main(argv: list[str] | None = None) -> Path:
         info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
     if "bench" not in a.skip:
         cmd = [py, "-m", "depthpack.bench", "--checkpoint", str(ckpt), "--device", device, "--out", str(out / "bench"),
-               "--queries", "16,64,256", "--seconds", "0.2", "--repeats", "2"]
-        if cuda:  # the GPU ladder of the trained model; on CPU, the eager rows (no CUDA graphs there)
-            cmd += ["--batch", "1"]
+               "--seconds", "0.2", "--repeats", "2"]
+        if cuda:  # the GPU ladder of the trained model at the two target points; on CPU, the eager rows
+            cmd += ["--batch", "1,8", "--queries", "256,512", "--rows",
+                    "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,packed-compile+graph@frames"]
+        else:
+            cmd += ["--queries", "16,64,256"]
         times["latency benchmark"] = run_step("bench", cmd, logs)
     report = write_report(out, times, info)
     print(f"\nreport: {report}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from depthpack.core.preprocess import parse_frame_size  # noqa: E402
 from depthpack.deploy.contract import DTYPES, FRAME_FORMATS  # noqa: E402
 from depthpack.deploy.export import TARGETS, ExportOptions, export, load_for_export  # noqa: E402
 
@@ -32,15 +33,17 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
-def _frame_size(text: str) -> tuple[int, int]:
-    """'640x480' (width x height, as cameras are named) -> (h, w)."""
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT (e.g. 640x480)") from None
-    if w < 1 or h < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be positive")
-    return h, w
+def _settings(text: str) -> dict:
+    """'a=1,b.c=true' -> {"a": 1, "b.c": True} (values read as YAML scalars)."""
+    import yaml
+
+    out = {}
+    for item in (t for t in text.split(",") if t.strip()):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,9 +59,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--onnx", action="store_true", help="also write float32 ONNX models (opset 20), checked with onnxruntime")
     ap.add_argument("--onnx-buckets", type=_ints, default=None, help="ONNX only for these buckets (default: all)")
     ap.add_argument("--max-autotune", action="store_true", help="Inductor max-autotune (much slower compile)")
+    ap.add_argument("--switches", type=_settings, default=None, metavar="K=V,...",
+                    help="the model's fast paths in the packages, e.g. selection=count,mlp_epilogue=true")
+    ap.add_argument("--inductor", type=_settings, default=None, metavar="K=V,...",
+                    help="Inductor settings for AOTInductor, e.g. combo_kernels=true,triton.enable_pdl=true "
+                         "(settings a target's GPU lacks, such as PDL before Hopper, are left out and said so)")
     ap.add_argument("--target", default="native",
                     help=f"refuse unless this machine is the target: native, {', '.join(sorted(TARGETS))} or ARCH[:sm_XY]")
-    ap.add_argument("--frame-size", type=_frame_size, default=None, metavar="WxH",
+    ap.add_argument("--dynamic-cxx-runtime", action="store_true",
+                    help="link the packages against the process's C++ runtime instead of carrying their own "
+                         "(which keeps them loadable where another library exports C++ runtime symbols)")
+    ap.add_argument("--frame-size", type=parse_frame_size, default=None, metavar="WxH",
                     help="packages take uint8 camera frames of this size (e.g. 640x480) and preprocess inside "
                          "(resize, channel order, scale); default: float images at the model's size")
     ap.add_argument("--frame-format", default="bgr8", choices=sorted(FRAME_FORMATS),
@@ -78,7 +89,9 @@ def main(argv=None) -> int:
                              batch=args.batch, onnx=args.onnx or bool(args.onnx_buckets),
                              onnx_buckets=args.onnx_buckets, max_autotune=args.max_autotune,
                              target=args.target, seed=args.seed, cpp_runner=args.cpp_runner,
-                             frame_size=args.frame_size, frame_format=args.frame_format)
+                             frame_size=args.frame_size, frame_format=args.frame_format,
+                             switches=args.switches, inductor_configs=args.inductor,
+                             static_cxx_runtime=not args.dynamic_cxx_runtime)
         summary = export(model, opts, preset, log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:  # ExportError, CheckpointError, config errors: all say what is wrong
         print(f"export: error: {e}", file=sys.stderr)

@@ -9,6 +9,8 @@ packed eager -> + graph -> + compile, and the ablations (Inductor's reduce-overh
 the Triton embed kernel) on top. Depth Anything V2 Small's architecture (random weights, same image
 size, sampled at the same points) is the dense model users pick instead.
 
+Inputs: float images already on the device (the model's own figure), or, in the @frames rows, uint8
+BGR camera frames of --frame-size on the host with points in frame pixels (what a robot has).
 Protocol: warmup (compile and capture) excluded and reported apart; inputs rotated among --sets sets;
 each row timed two ways: latency = one call followed by a device sync on the host clock (what a
 caller meets; median and p90), and back-to-back = CUDA events around each call without a sync
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +41,7 @@ from ..core.checkpoint import load_model
 from ..core.config import PRESETS
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..core.model import DepthPack, create_model
+from ..core.preprocess import parse_frame_size
 from ..runtime.graphs import capture, percentile, time_calls
 from ..runtime.predictor import Predictor, compile_counter
 
@@ -50,20 +53,23 @@ class Row:
     path: str = "packed"  # packed | masked | dense | dav2
     backend: str = "eager"  # Predictor backend (dav2: eager | graph | compile+graph)
     compile_mode: str | None = None
-    fused_embed: bool = False
+    switches: tuple = ()  # the model's fast paths, (name, value) pairs (depthpack.core.model.SWITCHES)
+    compile_options: tuple = ()  # Inductor settings, (name, value) pairs
     base: str | None = None  # the row this one adds a switch to
     switch: str = ""  # what it adds, in words
     default: bool = True  # in the default GPU sweep
-    extra: dict = field(default_factory=dict, compare=False)
+    input: str = "device"  # device: float images already on the device | frames: uint8 BGR camera frames on the host
 
     @property
     def cuda_only(self) -> bool:
         return self.backend in ("graph", "compile+graph")
 
 
-def step(prev: Row, name: str, switch: str, default: bool = True, **changes) -> Row:
-    """prev plus one switch."""
-    return replace(prev, name=name, base=prev.name, switch=switch, default=default, **changes)
+def step(prev: Row, name: str, switch: str, default: bool = True, switches: tuple = (), compile_options: tuple = (),
+         **changes) -> Row:
+    """prev plus one switch (model switches and Inductor options add to prev's)."""
+    return replace(prev, name=name, base=prev.name, switch=switch, default=default,
+                   switches=prev.switches + switches, compile_options=prev.compile_options + compile_options, **changes)
 
 
 MASKED_EAGER = Row("masked-eager", path="masked", switch="baseline: every token, keys masked to the selection")
@@ -85,13 +91,30 @@ LADDER: tuple[Row, ...] = (
          default=False, compile_mode="reduce-overhead"),
     step(PACKED_CG, "packed-autotune+graph", "max-autotune (Triton GEMM templates, fused epilogues)",
          default=False, compile_mode="max-autotune-no-cudagraphs"),
-    step(PACKED_GRAPH, "packed-graph+kernel", "Triton gather+embed kernel", fused_embed=True),
-    step(PACKED_CG, "packed-compile+graph+kernel", "Triton gather+embed kernel", default=False, fused_embed=True),
+    step(PACKED_GRAPH, "packed-graph+kernel", "Triton gather+embed kernel", switches=(("fused_embed", True),)),
+    step(PACKED_CG, "packed-compile+graph+kernel", "Triton gather+embed kernel", default=False,
+         switches=(("fused_embed", True),)),
+    step(PACKED_CG, "packed-compile+graph@frames", "camera frames from the host (uint8 BGR, preprocessed in the graph)",
+         input="frames"),
     DAV2_EAGER,
     step(DAV2_EAGER, "dav2-graph", "CUDA graph", backend="graph"),
     step(DAV2_EAGER, "dav2-compile+graph", "torch.compile + CUDA graph", backend="compile+graph"),
 )
+# the fewer-kernels levers, each the previous plus one switch (opt-in: --rows levers)
+_L1 = step(PACKED_CG, "lever-count-selection", "token selection by counting instead of topk", default=False,
+           switches=(("selection", "count"),))
+_L2 = step(_L1, "lever-mlp-epilogue", "fc1 + bias + GELU in one cuBLASLt GEMM", default=False,
+           switches=(("mlp_epilogue", True),))
+_L3 = step(_L2, "lever-combo-kernels", "Inductor combo kernels (horizontal fusion)", default=False,
+           compile_options=(("combo_kernels", True),))
+_L4 = step(_L3, "lever-coordinate-descent", "Inductor coordinate-descent tuning", default=False,
+           compile_options=(("coordinate_descent_tuning", True),))
+_L5 = step(_L4, "lever-pdl", "programmatic dependent launch (Hopper only)", default=False,
+           compile_options=(("triton.enable_pdl", True),))
+LEVERS = (_L1, _L2, _L3, _L4, _L5)
+LADDER = LADDER + LEVERS
 ROWS = {r.name: r for r in LADDER}
+GROUPS = {"levers": ("packed-compile+graph",) + tuple(r.name for r in LEVERS)}
 DEFAULT_GPU_ROWS = tuple(r.name for r in LADDER if r.default)
 # on a CPU: the eager rows (no CUDA graphs; Inductor on 2 cores compiles slowly: compile rows on request)
 DEFAULT_CPU_ROWS = tuple(r.name for r in LADDER if r.default and r.backend == "eager")
@@ -193,12 +216,13 @@ class Rows:
     def predictor(self, row: Row, Q: int) -> Predictor:
         # the dense path's cost does not depend on the bucket: one "bucket" of Q, no chunking
         buckets = (Q,) if row.path == "dense" else None
-        key = (row.path, row.backend, row.compile_mode, row.fused_embed, buckets)
+        key = (row.path, row.backend, row.compile_mode, row.switches, row.compile_options, buckets, row.input)
         if key not in self.preds:
             self.preds[key] = Predictor(self.model, device=self.device, dtype=self.dtype, backend=row.backend,
                                         path=row.path, batch_size=self.B, compile_mode=row.compile_mode,
-                                        validate=False, fused_embed=row.fused_embed, cache_dir=self.args.cache_dir,
-                                        buckets=buckets)
+                                        validate=row.input == "frames", switches=dict(row.switches),
+                                        compile_options=dict(row.compile_options), cache_dir=self.args.cache_dir,
+                                        buckets=buckets, color="bgr")
         return self.preds[key]
 
     def build(self, row: Row, Q: int, images, points) -> tuple[Callable, Callable, Callable]:
@@ -209,9 +233,10 @@ class Rows:
         if pred.backend != "eager":
             buckets = sorted({pred.bucket_for(min(Q, pred.buckets[-1]))} | ({pred.buckets[-1]} if Q > pred.buckets[-1] else set()))
             t0 = time.perf_counter()
-            pred.warmup(batch_size=self.B, buckets=buckets)
+            frame_size = tuple(images.shape[1:3]) if row.input == "frames" else None
+            pred.warmup(batch_size=self.B, buckets=buckets, frame_size=frame_size)
             self.compile_s[f"{row.name}@{Q}"] = time.perf_counter() - t0
-        eager = self.predictor(replace(row, backend="eager", compile_mode=None), Q)
+        eager = self.predictor(replace(row, backend="eager", compile_mode=None, compile_options=()), Q)
         return pred.predict, pred.predict_uncaptured, eager.predict
 
     def _dav2(self, row: Row, Q: int, images, points):
@@ -240,6 +265,7 @@ class Rows:
 
 
 def measure_row(rb: Rows, row: Row, Q: int, sets, device, args) -> dict:
+    sets = sets[row.input]
     with torch.inference_mode():
         fn, prof_fn, flop_fn = rb.build(row, Q, *sets[0])
         call = lambda i: fn(*sets[i])  # noqa: E731
@@ -276,9 +302,14 @@ def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], r
     dt = str(dtype).replace("torch.", "")
     for Q in queries:
         g = torch.Generator().manual_seed(Q)
-        sets = [(torch.rand(batch, 3, H, W, generator=g).to(device),
-                 (torch.rand(batch, Q, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).to(device))
-                for _ in range(args.sets)]
+        sets = {"device": [(torch.rand(batch, 3, H, W, generator=g).to(device),
+                            (torch.rand(batch, Q, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).to(device))
+                           for _ in range(args.sets)]}
+        if any(r.input == "frames" for r in rows):  # what a camera driver hands over: host memory, uint8 HWC BGR
+            fh, fw = args.frame_size
+            sets["frames"] = [(torch.randint(0, 256, (batch, fh, fw, 3), generator=g, dtype=torch.uint8).numpy(),
+                               (torch.rand(batch, Q, 2, generator=g) * torch.tensor([fw - 1e-3, fh - 1e-3])).numpy())
+                              for _ in range(args.sets)]
         for row in rows:
             if (row.path == "dav2" and (H % 14 or W % 14)) or (preset, dt, batch, Q, row.name) in done:
                 progress.update(1)
@@ -500,12 +531,14 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=_csv(int, "integers", 1), default=None, help="comma list of batch sizes (default 1,8; CPU 1)")
     ap.add_argument("--queries", type=_csv(int, "integers", 1), default=None, help="comma list of query counts")
     ap.add_argument("--rows", type=_csv(str, "rows"), default=None,
-                    help=f"comma list of rows from {', '.join(ROWS)}; or none")
+                    help=f"comma list of rows from {', '.join(ROWS)}; or a group ({', '.join(GROUPS)}); or none")
     ap.add_argument("--out", default="bench_out", help="output folder (bench.json, bench.md, bench.png)")
     ap.add_argument("--seconds", type=_positive(float), default=0.5, help="about how long each repeat of a row runs")
     ap.add_argument("--repeats", type=_positive(int), default=3, help="repeats of each row's measurement (spread)")
     ap.add_argument("--sets", type=_positive(int), default=4, help="input sets rotated among the calls")
     ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default Inductor's; max-autotune opt-in)")
+    ap.add_argument("--frame-size", type=parse_frame_size, default=(480, 640), metavar="WxH",
+                    help="camera frames of the @frames rows (default 640x480)")
     ap.add_argument("--cache-dir", default=None, help="compile cache folder (Inductor + save_cache_artifacts)")
     ap.add_argument("--compile-time", action="store_true", help="also measure cold and warm compile per bucket")
     ap.add_argument("--merge-from", action="append", help="folder of an earlier bench.json whose rows to include")
@@ -540,6 +573,7 @@ def parse_args(argv=None):
     args.queries = args.queries or ([16, 64, 256, 1024, 4096] if cuda else [16, 64, 256])
     rows = args.rows or list(DEFAULT_GPU_ROWS if cuda else DEFAULT_CPU_ROWS)
     rows = [] if rows == ["none"] else rows  # --rows none: only --compile-time / --merge-from
+    rows = [name for r in rows for name in GROUPS.get(r, (r,))]
     bad = [r for r in rows if r not in ROWS]
     if bad:
         ap.error(f"unknown rows {bad}; choose from {', '.join(ROWS)}")

@@ -82,7 +82,7 @@ def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: 
     points = (torch.rand(batch, queries, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).cuda()
     for backend in ("graph", "compile+graph"):
         pred = Predictor(model, device="cuda", dtype=dtype, backend=backend, batch_size=batch,
-                         fused_embed=fused_embed, validate=False)
+                         switches={"fused_embed": fused_embed}, validate=False)
         bucket = pred.bucket_for(queries)
         pred.warmup(buckets=(bucket,))
         dev = torch.device("cuda")

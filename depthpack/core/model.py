@@ -14,6 +14,7 @@ A point (x, y) belongs to pixel (floor(x), floor(y)) and to patch (floor(y/p), f
 from __future__ import annotations
 
 import math
+import types
 from pathlib import Path
 
 import torch
@@ -114,8 +115,29 @@ class DepthPack(nn.Module):
         # the selection's tie-breaker as integer ranks (rank / N in float32 at use): rounded to bf16
         # by model.to(bf16), distinct values would tie, and topk on ties is kernel-dependent
         self.register_buffer("spread_rank", spread_rank(gh, gw), persistent=False)
+        self.register_buffer("spread_order", torch.argsort(self.spread_rank, descending=True), persistent=False)
         self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
-        self.fused_embed = False  # fast-path switch: Triton gather+embed kernel (kernels/patch_embed.py), CUDA only
+        self.fused_embed = False  # fast-path switches (SWITCHES, set_switches): all off by default
+        self.selection = "topk"
+        self.mlp_epilogue = False
+
+    # ---- fast-path switches -----------------------------------------------------------------------
+    def set_switches(self, **switches) -> "DepthPack":
+        """Turn fast paths on or off (SWITCHES); each equals the plain path within the dtype's tolerance."""
+        for name, value in switches.items():
+            if name not in SWITCHES or value not in SWITCHES[name]:
+                raise ValueError(f"unknown switch {name}={value!r}; choose from "
+                                 + ", ".join(f"{k} in {v}" for k, v in SWITCHES.items()))
+            setattr(self, name, value)
+        for blk in self.backbone.blocks:  # an instance attribute: the state dict keeps its keys
+            if self.mlp_epilogue:
+                blk.mlp.forward = types.MethodType(_mlp_with_gelu_epilogue, blk.mlp)
+            else:
+                blk.mlp.__dict__.pop("forward", None)
+        return self
+
+    def switches(self) -> dict:
+        return {name: getattr(self, name) for name in SWITCHES}
 
     # ---- pieces ---------------------------------------------------------------------------------
     @property
@@ -196,8 +218,11 @@ class DepthPack(nn.Module):
     def select(self, images: torch.Tensor, points: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The packed selection: index [B,S] of the buffer's patches, query_slot [B,Q] (packing.select_tokens)."""
         grid = self.grid_of(images)
-        rank = self.spread_rank if grid == self.cfg.grid else spread_rank(*grid, device=images.device)
-        return select_tokens(points, bucket, self.cfg.patch_size, grid, rank)
+        if grid == self.cfg.grid:
+            rank, order = self.spread_rank, self.spread_order
+        else:
+            rank, order = spread_rank(*grid, device=images.device), None
+        return select_tokens(points, bucket, self.cfg.patch_size, grid, rank, self.selection, order)
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
     def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
@@ -269,6 +294,22 @@ class DepthPack(nn.Module):
         pts = torch.stack([xs, ys], -1).float().view(1, gh, p, gw, p, 2).expand(B, -1, -1, -1, -1, -1)
         depth = self.head.decode(htok.reshape(B, H * W, hd), pts.reshape(B, H * W, 2))
         return depth.view(B, gh, p, gw, p).reshape(B, H, W)
+
+
+# fast-path switch -> its values (the first is the plain path, the reference)
+SWITCHES = {"fused_embed": (False, True),  # the Triton gather+embed kernel (depthpack.kernels), CUDA only
+            "selection": ("topk", "count"),  # token selection by a counting pass instead of torch.topk
+            "mlp_epilogue": (False, True)}  # fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue
+
+
+def _mlp_with_gelu_epilogue(mlp, x: torch.Tensor) -> torch.Tensor:
+    """timm's Mlp (fc1 -> GELU -> fc2) with fc1's bias and GELU in the GEMM's epilogue
+    (torch._addmm_activation: cuBLASLt on CUDA). Its GELU is the tanh approximation, within bf16
+    rounding of timm's exact one; off by default."""
+    shape = x.shape
+    h = torch._addmm_activation(mlp.fc1.bias, x.reshape(-1, shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
+    h = mlp.norm(mlp.drop1(h))
+    return mlp.drop2(mlp.fc2(h)).reshape(*shape[:-1], -1)
 
 
 def load_backbone_weights(backbone: VisionTransformer, path: str | Path) -> None:

@@ -100,13 +100,21 @@ def patch_of_points(points: torch.Tensor, patch_size: int, grid: tuple[int, int]
     return py * gw + px
 
 
+SELECTIONS = ("topk", "count")
+
+
 def select_tokens(points: torch.Tensor, bucket: int, patch_size: int, grid: tuple[int, int],
-                  rank: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  rank: torch.Tensor | None = None, method: str = "topk",
+                  order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose the patches of the buffer.
 
     points [B,Q,2] float (x, y) pixels, Q <= bucket; rank [N] the spread rank (spread_rank(grid)).
     Returns index [B,S] (patch ids, distinct, S = slots = min(bucket, N)) and query_slot [B,Q] (the
     position in index of each query's own patch; duplicate queries share it).
+    method: "topk" (torch.topk over the priorities, the reference) or "count" (the same set by a
+    counting selection: the priorities are 3 integer levels plus a distinct rank, so each patch's place
+    is a count, computed with cumulative sums and one scatter; a switch of the fast path); order [N]
+    the patches by decreasing rank (argsort(rank), a constant the model keeps).
     """
     B, Q, _ = points.shape
     gh, gw = grid
@@ -120,14 +128,37 @@ def select_tokens(points: torch.Tensor, bucket: int, patch_size: int, grid: tupl
     queried = torch.zeros(B, n, device=points.device, dtype=torch.float32)
     queried = queried.scatter(1, qidx, 1.0)  # [B,N] 1 where queried (duplicates write the same 1)
     near = F.max_pool2d(queried.view(B, 1, gh, gw), 3, stride=1, padding=1).view(B, n)
-    # queried: 3, neighbour: 2, other: 1; plus the spread term rank / N in [0, 1)
-    score = CONTEXT + near + queried + rank.to(points.device).float() / n  # [B,N]
-    # unsorted: attention does not depend on the buffer's order, and sorting is a kernel more
-    index = torch.topk(score, slots, dim=1, sorted=False).indices  # [B,S] distinct patch ids
+    if method == "count":
+        if order is None:
+            order = torch.argsort(rank.to(points.device), descending=True)
+        index = _count_select(near + queried, order, slots)
+    else:
+        # queried: 3, neighbour: 2, other: 1; plus the spread term rank / N in [0, 1)
+        score = CONTEXT + near + queried + rank.to(points.device).float() / n  # [B,N]
+        # unsorted: attention does not depend on the buffer's order, and sorting is a kernel more
+        index = torch.topk(score, slots, dim=1, sorted=False).indices  # [B,S] distinct patch ids
     arange = torch.arange(slots, device=points.device).expand(B, slots)
     slot_of_patch = torch.zeros(B, n, dtype=torch.long, device=points.device).scatter(1, index, arange)
     query_slot = torch.gather(slot_of_patch, 1, qidx)  # [B,Q]
     return index, query_slot
+
+
+def _count_select(level: torch.Tensor, order: torch.Tensor, slots: int) -> torch.Tensor:
+    """The top `slots` patches by (level, rank), fixed-shape, without a sort: in the order of
+    decreasing rank (order, a constant permutation), a patch's place is the number of patches of a
+    higher level plus the number of its own level before it. level [B,N] in {0, 1, 2} (+1 = the
+    priority levels 1..3). -> index [B,S], in (level, rank) order."""
+    B, n = level.shape
+    lv = level[:, order].long()  # [B,N]
+    onehot = torch.nn.functional.one_hot(lv, 3)  # [B,N,3]
+    before = torch.cumsum(onehot, dim=1) - onehot  # same-level patches ahead, per level
+    total = onehot.sum(1, keepdim=True)  # [B,1,3]
+    higher = torch.stack([total[..., 1] + total[..., 2], total[..., 2], torch.zeros_like(total[..., 0])], -1)
+    place = (torch.gather(before + higher, 2, lv.unsqueeze(-1))).squeeze(-1)  # [B,N] distinct in [0, N)
+    place = torch.where(place < slots, place, torch.full_like(place, slots))  # the rest to a spare slot
+    index = torch.zeros(B, slots + 1, dtype=torch.long, device=level.device)
+    index = index.scatter(1, place, order.expand(B, n))
+    return index[:, :slots]
 
 
 def key_mask_from_index(index: torch.Tensor, num_patches: int, num_prefix: int) -> torch.Tensor:

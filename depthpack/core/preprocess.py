@@ -10,6 +10,7 @@ check that the file is complete (a truncated JPEG or PNG decodes without complai
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import cv2
@@ -19,6 +20,21 @@ import torch.nn.functional as F
 
 COLORS = ("rgb", "bgr")
 MAX_IMAGE_BYTES = 256 << 20
+
+
+class FrameSizeError(argparse.ArgumentTypeError, ValueError):
+    """A frame size that is not WIDTHxHEIGHT (argparse prints its message as is)."""
+
+
+def parse_frame_size(text: str) -> tuple[int, int]:
+    """'640x480' (width x height, as cameras are named) -> (h, w)."""
+    try:
+        w, h = (int(v) for v in str(text).lower().split("x"))
+    except ValueError:
+        raise FrameSizeError(f"{text!r} is not WIDTHxHEIGHT (e.g. 640x480)") from None
+    if w < 1 or h < 1:
+        raise FrameSizeError(f"{text!r}: width and height must be positive")
+    return h, w
 
 
 def frames_to_images(frames: torch.Tensor, size: tuple[int, int], color: str = "rgb") -> torch.Tensor:

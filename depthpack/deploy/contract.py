@@ -36,7 +36,7 @@ REFERENCE_POINTS = "reference_points.csv"
 REQUIRED_KEYS = ("format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
                  "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
                  "preprocess", "tolerance", "buckets", "reference")
-OPTIONAL_KEYS = ("onnx",)
+OPTIONAL_KEYS = ("onnx", "build")  # build: the fast paths and Inductor settings asked for
 BUCKET_KEYS = ("bucket", "file", "sha256", "inputs", "outputs")
 TENSOR_DTYPES = ("float32", "uint8")
 FRAME_FORMATS = {"bgr8": "bgr", "rgb8": "rgb"}  # the exporter's --frame-format -> the manifest's frame color

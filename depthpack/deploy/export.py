@@ -33,7 +33,7 @@ from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
                        REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, io_specs, onnx_name, package_name)
 from .onnx import export_onnx
-from .package import ExportError, cast_model, compile_package, export_program
+from .package import ExportError, cast_model, compile_package, export_program, levers_for
 from .reference import write_reference
 from .selfcheck import find_cpp_runner, self_check
 
@@ -52,7 +52,9 @@ class ExportOptions:
     onnx: bool = False
     onnx_buckets: tuple[int, ...] | None = None  # None: every exported bucket (with onnx)
     max_autotune: bool = False
-    inductor_configs: dict | None = None  # more Inductor settings for AOTInductor (e.g. fusion knobs)
+    inductor_configs: dict | None = None  # more Inductor settings for AOTInductor (e.g. combo_kernels)
+    switches: dict | None = None  # the model's fast paths in the packages (e.g. {"selection": "count"})
+    static_cxx_runtime: bool = True  # link the C++ runtime into each package, hidden (package.compile_package)
     frame_size: tuple[int, int] | None = None  # (h, w): packages take uint8 camera frames of this size
     frame_format: str = "bgr8"  # with frame_size: the frames' channel order (bgr8 from OpenCV, or rgb8)
     target: str = "native"  # or a name in TARGETS, or "ARCH[:sm_XY]"
@@ -195,6 +197,8 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         "min_depth": cfg.min_depth, "max_depth": cfg.max_depth, "frame": frame_of(opts),
         "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[opts.dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
+        "build": {"switches": {k: v for k, v in (opts.switches or {}).items() if k != "fused_embed"},
+                  "inductor_configs": dict(opts.inductor_configs or {}), "static_cxx_runtime": opts.static_cxx_runtime},
     }
     if onnx_entries:
         manifest["onnx"] = [{k: e[k] for k in ("bucket", "file", "sha256")} for e in onnx_entries]
@@ -231,10 +235,14 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
 
 
 def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_buckets, out: Path, log) -> dict:
-    deployed = cast_model(model, DTYPES[opts.dtype], device)
+    deployed = cast_model(model, DTYPES[opts.dtype], device, opts.switches)
     frame = frame_of(opts)
     g = torch.Generator().manual_seed(opts.seed)
-    inductor_configs = {"max_autotune": bool(opts.max_autotune), **(opts.inductor_configs or {})}
+    cc = "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    inductor_configs, dropped = levers_for(cc if device.type == "cuda" else "cpu", opts.inductor_configs or {})
+    if dropped:
+        log(f"left out for this target (sm_{(cc or 'cpu').replace('.', '')}): {', '.join(dropped)} (Hopper only)")
+    inductor_configs["max_autotune"] = bool(opts.max_autotune)
     times: dict = {"export_s": {}, "compile_s": {}}
     entries = []
     t_all = time.perf_counter()
@@ -247,7 +255,8 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
         bar.set_postfix_str(f"k={k} compile")
         inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame)
         path = compile_package(ep, out / package_name(k), inductor_configs,
-                               {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))})
+                               {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))},
+                               opts.static_cxx_runtime)
         t2 = time.perf_counter()
         times["export_s"][k], times["compile_s"][k] = round(t1 - t0, 2), round(t2 - t1, 2)
         log(f"bucket {k}: torch.export {t1 - t0:.1f} s, AOTInductor compile {t2 - t1:.1f} s -> {path.name}")
@@ -271,5 +280,5 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")
     check = {k: report[k] for k in ("checker", "buckets", "reference", "load_s", "python_loader") if k in report}
     return {"device": str(device), "dtype": opts.dtype, "buckets": list(buckets), "torch": torch.__version__,
-            "times": times, "check": check,
+            "times": times, "check": check, "switches": deployed.switches(), "inductor_configs": inductor_configs,
             "onnx": [{k: e[k] for k in ("bucket", "exporter", "max_abs_diff")} for e in onnx_entries]}

@@ -3,6 +3,8 @@ the graph is static, and AOTInductor's compile into a .pt2."""
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,12 +24,25 @@ class ExportError(ValueError):
     """Anything that stops an export: the message says what and what to do."""
 
 
-def cast_model(model: DepthPack, dtype: torch.dtype, device: torch.device) -> DepthPack:
+def cast_model(model: DepthPack, dtype: torch.dtype, device: torch.device, switches: dict | None = None) -> DepthPack:
     """A copy in the compute dtype on the device (the selection priorities and offset frequencies are
-    integer buffers inside DepthPack, so the cast leaves them exact)."""
+    integer buffers inside DepthPack, so the cast leaves them exact), with the given fast paths."""
     model = copy.deepcopy(model).to(device=device, dtype=dtype)
-    model.fused_embed = False  # the packages hold the torch reference path; Inductor fuses it itself
+    # the Triton embed kernel is a plain launch, not a custom op: the packages hold its torch reference
+    model.set_switches(**{**(switches or {}), "fused_embed": False})
     return model.eval()
+
+
+# Inductor settings and model switches that need a Hopper GPU (sm_90): left out for other targets
+HOPPER_ONLY = {"triton.enable_pdl"}
+
+
+def levers_for(compute_capability: str | None, inductor_configs: dict) -> tuple[dict, list[str]]:
+    """The Inductor settings that apply on a GPU of this compute capability, and what was left out."""
+    if compute_capability is not None and compute_capability.startswith("9."):
+        return dict(inductor_configs), []
+    dropped = sorted(k for k in inductor_configs if k in HOPPER_ONLY and inductor_configs[k])
+    return {k: v for k, v in inductor_configs.items() if k not in HOPPER_ONLY}, dropped
 
 
 class PackedForward(nn.Module):
@@ -88,12 +103,37 @@ def export_program(model: DepthPack, k: int, batch: int, device, g: torch.Genera
 
 
 def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_configs: dict | None = None,
-                    metadata: dict[str, str] | None = None) -> Path:
+                    metadata: dict[str, str] | None = None, static_cxx_runtime: bool = False) -> Path:
     """AOTInductor-compile the program into the .pt2 at path, with metadata (strings) stored in the
     package itself (the exporter stages the whole folder and swaps it in at the end, so a half-written
-    package is never under a folder a runner reads)."""
+    package is never under a folder a runner reads). static_cxx_runtime: link the C++ runtime into the
+    package's library, hidden (static_runtime_compiler), so its C++ symbols cannot bind to another
+    copy in the loading process."""
     configs = dict(inductor_configs or {})
     if metadata:
         configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), **metadata}
-    torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
+    with tempfile.TemporaryDirectory(prefix="depthpack_cxx_") as tmp:
+        if static_cxx_runtime:
+            configs["cpp.cxx"] = (str(static_runtime_compiler(Path(tmp))),)
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
     return path
+
+
+def static_runtime_compiler(folder: Path) -> Path:
+    """A compiler wrapper (written into folder) that calls the host's g++ and, when it links a shared
+    library, links libstdc++ and libgcc statically with their symbols hidden. Why: a process that
+    loads the package may already hold another copy of C++ runtime symbols (torch 2.11's libtorch
+    exports some), and a package bound half to one copy and half to the other crashes (the H200's
+    SIGSEGV; scripts/aoti_diagnose.py shows the bindings)."""
+    import shutil
+
+    real = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if real is None:
+        raise ExportError("static_cxx_runtime needs g++ on PATH (or $CXX)")
+    wrapper = Path(folder) / "g++-static-runtime"
+    wrapper.write_text("#!/bin/sh\n# depthpack: the package's C++ runtime, linked in and hidden\n"
+                       'case " $* " in\n  *" -shared "*) exec ' + real
+                       + ' "$@" -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL -Wl,-Bsymbolic ;;\n'
+                       "  *) exec " + real + ' "$@" ;;\nesac\n')
+    wrapper.chmod(0o755)
+    return wrapper

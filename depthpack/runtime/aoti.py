@@ -7,8 +7,9 @@ The loader is the binding the C++ runner uses, `torch._C._aoti.AOTIModelPackageL
 run_single_threaded, 1, device_index)`, after host-side checks (sha256, device, compute capability,
 CPU architecture, torch version, tensor shapes: depthpack.deploy.contract); on CUDA it is
 single-threaded so that its run can be captured in a CUDA graph. Where loading a package kills the
-process (torch 2.11.0+cu130 on the H200: docs/bench/h200/), a child process tries first
-(probe_loading) and the caller gets a ValueError instead of dying.
+process (torch 2.11.0+cu130 on the H200: a package's library bound its C++ runtime symbols to the
+wrong copy), a child process tries first (probe_loading): the way that works is used, or the caller
+gets one ValueError saying what to do instead of dying.
 
 CLI (the exporter's self-check runs it in a child process):
     python -m depthpack.runtime.aoti --check DIR/manifest.json [--device cuda] [--inputs F] [--bench N]
@@ -70,43 +71,79 @@ def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
     return run
 
 
-_PROBED: dict[tuple, str | None] = {}  # (torch, device, package sha256) -> None (loads fine) or the error
+# How this process must load packages, found by probing in a child process first (per torch, device and
+# package): "plain", or "cxx_global" (the C++ runtime promoted into the global symbol scope first).
+_HOW: dict[tuple, str] = {}
 
 
-def _child_env() -> dict:
-    env = dict(os.environ)
+def libstdcxx() -> str:
+    """The C++ runtime the packages are linked against (the one the host compiler uses)."""
+    import shutil
+
+    for cxx in (os.environ.get("CXX"), "g++", "c++"):
+        if cxx and shutil.which(cxx):
+            out = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True).stdout.strip()
+            if os.path.isabs(out) and os.path.exists(out):
+                return os.path.realpath(out)
+    import ctypes.util
+
+    return ctypes.util.find_library("stdc++") or "libstdc++.so.6"
+
+
+def promote_cxx_runtime() -> None:
+    """Load the C++ runtime with RTLD_GLOBAL, so that a package's library binds its C++ runtime symbols
+    to it rather than to a copy another library of the process carries (the torch 2.11 + CUDA crash;
+    scripts/aoti_diagnose.py shows the bindings)."""
+    import ctypes
+
+    ctypes.CDLL(libstdcxx(), mode=os.RTLD_GLOBAL)
+
+
+def _child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ, **(extra or {}))
     root = str(Path(__file__).resolve().parents[2])  # so the child imports this depthpack
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
-def probe_loading(manifest_path: str | Path, device: torch.device, timeout_s: int = 600) -> None:
-    """Load and run the first package in a CHILD process before this process does: where loading
-    kills Python (torch 2.11.0+cu130 on the H200: SIGSEGV inside AOTIModelPackageLoader's constructor
-    for CUDA packages), the caller gets a ValueError instead of dying. Once per process and package.
-    DEPTHPACK_AOTI_PROBE=0 skips it (for a torch known to load packages fine)."""
+def _probe_child(manifest_path, device, how: str, env: dict | None = None, timeout_s: int = 600) -> tuple[int | None, str]:
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "depthpack.runtime.aoti", "--probe", how,
+           "--check", str(manifest_path), "--device", str(device)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_child_env(env))
+        return proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout_s} s"
+
+
+def probe_loading(manifest_path: str | Path, device: torch.device, timeout_s: int = 600) -> str:
+    """How this process can load the packages, found by loading and running the first one in a CHILD
+    process first: where loading kills Python (torch 2.11.0+cu130 on the H200: SIGSEGV in the loader),
+    the caller gets a way that works or one ValueError saying exactly what to do, instead of dying.
+    Once per process and package. DEPTHPACK_AOTI_PROBE=0 skips it (loads plainly)."""
     if os.environ.get("DEPTHPACK_AOTI_PROBE", "1") == "0":
-        return
+        return "plain"
     manifest = read_manifest(manifest_path)
     key = (torch.__version__, str(device), manifest["buckets"][0]["sha256"])
-    if key not in _PROBED:
-        cmd = [sys.executable, "-X", "faulthandler", "-m", "depthpack.runtime.aoti", "--probe",
-               "--check", str(manifest_path), "--device", str(device)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_child_env())
-            rc, err = proc.returncode, proc.stderr
-        except subprocess.TimeoutExpired:
-            rc, err = None, f"timed out after {timeout_s} s"
-        if rc == 0:
-            _PROBED[key] = None
-        else:
-            what = (f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0
-                    else f"failed (exit {rc})")
-            tail = " | ".join(ln.strip() for ln in err.strip().splitlines()[-4:])
-            _PROBED[key] = (f"loading an AOTInductor package from Python {what} in a child process on this machine "
-                            f"(torch {torch.__version__}, {device}); this process did not try. Child said: {tail}")
-    if _PROBED[key] is not None:
-        raise ValueError(_PROBED[key])
+    if key in _HOW:
+        return _HOW[key]
+    rc, err = _probe_child(manifest_path, device, "plain", timeout_s=timeout_s)
+    if rc == 0:
+        _HOW[key] = "plain"
+        return "plain"
+    what = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"failed (exit {rc})"
+    tail = " | ".join(ln.strip() for ln in err.strip().splitlines()[-3:])
+    if rc is not None and rc < 0:  # a crash: try the C++ runtime in the global scope, then a preloaded one
+        if _probe_child(manifest_path, device, "cxx_global", timeout_s=timeout_s)[0] == 0:
+            _HOW[key] = "cxx_global"
+            return "cxx_global"
+        lib = libstdcxx()
+        if _probe_child(manifest_path, device, "plain", {"LD_PRELOAD": lib}, timeout_s)[0] == 0:
+            raise ValueError(f"loading an AOTInductor package from Python {what} in a child process (torch "
+                             f"{torch.__version__}, {device}); a child started with the C++ runtime preloaded "
+                             f"loads it: run Python as LD_PRELOAD={lib} python ...")
+    raise ValueError(f"loading an AOTInductor package from Python {what} in a child process on this machine "
+                     f"(torch {torch.__version__}, {device}); this process did not try. Child said: {tail}")
 
 
 def load_runners(manifest_path: str | Path, device: str | torch.device,
@@ -125,8 +162,8 @@ def load_runners(manifest_path: str | Path, device: str | torch.device,
     for b in manifest["buckets"]:
         verify_file(root / b["file"], b["sha256"], "package")
     check_device(manifest, device)
-    if probe:
-        probe_loading(manifest_path, device)
+    if (probe_loading(manifest_path, device) if probe else "plain") == "cxx_global":
+        promote_cxx_runtime()
     if device.type == "cuda":
         torch.cuda.init()
     runners: dict[int, Runner] = {}
@@ -223,10 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", type=int, default=0, metavar="N", help="also time each package N times")
     ap.add_argument("--no-probe", action="store_true",
                     help="load in this process without trying a child first (the exporter's own child does this)")
-    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # load and run one package, here
+    ap.add_argument("--probe", choices=("plain", "cxx_global"), help=argparse.SUPPRESS)  # load + run one package here
     args = ap.parse_args(argv)
     try:
         if args.probe:
+            if args.probe == "cxx_global":
+                promote_cxx_runtime()
             print(json.dumps(_probe(args.check, args.device)))
             return 0
         report = check(args.check, args.device, args.inputs, args.bench, probe=not args.no_probe)

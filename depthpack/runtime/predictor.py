@@ -9,7 +9,8 @@ swap, resize, scale; points scaled to the model's pixels), token selection, the 
 On the host: checks (no value scan of uint8 frames), the bucket from Q, chunking, staging into pinned
 buffers made once, asynchronous copies. In steady state a call with out= allocates nothing on the
 device or in pinned memory. Switches: backend (eager | compile | graph | compile+graph | aoti), path
-(packed | masked | dense: the baselines), dtype, fused_embed, buckets; see the class docstring.
+(packed | masked | dense: the baselines), dtype, switches (the model's fast paths), compile_options
+(Inductor's), buckets; see the class docstring.
 """
 from __future__ import annotations
 
@@ -73,13 +74,18 @@ class _Staged:
         self.host = torch.zeros(shape, dtype=dtype, pin_memory=True) if device.type == "cuda" else None
         self.done = torch.cuda.Event() if device.type == "cuda" else None
 
+    def wait(self) -> None:
+        """Until the previous upload from the mirror has left it (no wait once it has: the usual case)."""
+        if not self.done.query():
+            self.done.synchronize()
+
     def load(self, src, rows: int) -> None:
         """dev[:rows] <- src: a tensor or a list of rows, on any device, any strides."""
         on_host = (src[0] if isinstance(src, list) else src).device.type == "cpu"
         if self.host is None or not on_host:
             _copy_rows(self.dev, src, rows)
             return
-        self.done.synchronize()  # the previous upload from the mirror has left it
+        self.wait()
         _copy_rows(self.host, src, rows)
         self.dev[:rows].copy_(self.host[:rows], non_blocking=True)
         self.done.record()
@@ -90,7 +96,7 @@ class _Staged:
         q = chunk.shape[1]
         buf = self.dev if self.host is None or chunk.device.type != "cpu" else self.host
         if buf is self.host:
-            self.done.synchronize()
+            self.wait()
         buf[:rows, :q].copy_(chunk)
         if q < buf.shape[1]:
             buf[:rows, q:].copy_(buf[:rows, :1].expand(rows, buf.shape[1] - q, 2))
@@ -141,7 +147,10 @@ class Predictor:
     path           packed (default) | masked | dense: which core of the model runs (the baselines)
     dtype          the compute dtype of the Predictor's copy of the model
     color          the channel order of uint8 frames (bgr from OpenCV, or rgb); predict(color=) overrides
-    fused_embed    the Triton gather+embed kernel (depthpack.kernels)
+    switches       the model's fast paths (depthpack.core.model.SWITCHES: fused_embed, selection,
+                   mlp_epilogue), e.g. {"selection": "count"}
+    compile_options  Inductor settings for torch.compile (e.g. {"combo_kernels": True}), merged over
+                   compile_mode's
     buckets        another bucket ladder than the model's (its cores run any bucket)
     validate       points checked against the frame on the host (False: the caller promises)
 
@@ -159,9 +168,9 @@ class Predictor:
     def __init__(self, model=None, device=None, dtype: torch.dtype | None = None, backend: str = "eager",
                  batch_size: int | None = None, compile_mode: str | None = None,
                  cache_dir: str | os.PathLike | None = None, validate: bool = True,
-                 packages: str | os.PathLike | None = None, fused_embed: bool | None = None,
+                 packages: str | os.PathLike | None = None, switches: dict | None = None,
                  compile_backend: str = "inductor", path: str = "packed", buckets: tuple[int, ...] | None = None,
-                 color: str | None = None):
+                 color: str | None = None, compile_options: dict | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if path not in PATHS:
@@ -183,7 +192,7 @@ class Predictor:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
         self.graphs = backend in ("graph", "compile+graph", "aoti") and self.device.type == "cuda"
-        self.compile_mode = compile_mode
+        self.compile_mode, self.compile_options = compile_mode, dict(compile_options or {})
         self.compile_backend = compile_backend  # "inductor"; tests on CPU use "aot_eager" to stay fast
         self.inductor_graphs = backend == "compile+graph" and compile_mode == "reduce-overhead"
         if self.inductor_graphs:
@@ -201,17 +210,16 @@ class Predictor:
         if backend == "aoti":
             self._init_aoti(packages)
         else:
-            self._init_model(model, dtype, fused_embed)
+            self._init_model(model, dtype, switches)
             if buckets is not None:  # another ladder (the benchmark's dense rows: one bucket of Q)
                 self.buckets = tuple(sorted(int(b) for b in buckets))
 
     # ---- setup ----------------------------------------------------------------------------------
-    def _init_model(self, model, dtype, fused_embed) -> None:
+    def _init_model(self, model, dtype, switches) -> None:
         model = copy.deepcopy(model).to(self.device).eval()  # the caller's model stays as it was
         if dtype is not None:
             model = model.to(dtype)  # selection priorities and offset frequencies stay exact (int buffers)
-        if fused_embed is not None:
-            model.fused_embed = bool(fused_embed)
+        model.set_switches(**(switches or {}))
         self.model = model
         self.dtype = dtype or next(model.parameters()).dtype
         cfg = model.cfg
@@ -250,8 +258,13 @@ class Predictor:
         if self.backend not in ("compile", "compile+graph"):
             return fn
         _raise_recompile_limit()
-        mode = self.compile_mode if self.compile_backend == "inductor" else None
-        return torch.compile(fn, dynamic=False, fullgraph=True, mode=mode, backend=self.compile_backend)
+        if self.compile_backend != "inductor":
+            return torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
+        if self.compile_options:  # torch.compile takes a mode or options: the mode's settings, then ours
+            from torch._inductor import list_mode_options
+            options = {**(list_mode_options(self.compile_mode) if self.compile_mode else {}), **self.compile_options}
+            return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
+        return torch.compile(fn, dynamic=False, fullgraph=True, mode=self.compile_mode)
 
     def _function(self, kind: str, size: tuple[int, int], color: str | None) -> Callable:
         """fn(inputs, points, bucket) -> depth [Bg,bucket]: preprocessing + the core, one graph."""
@@ -446,9 +459,9 @@ class Predictor:
     def describe(self) -> dict:
         return dict(backend=self.backend, path=self.path, device=str(self.device),
                     dtype=str(self.dtype).replace("torch.", ""), batch_size=self.batch_size, buckets=list(self.buckets),
-                    compile_mode=self.compile_mode, captures=self.captures, color=self.color,
-                    inputs=[m.describe() for m in self._modes.values()],
-                    fused_embed=bool(getattr(self.model, "fused_embed", False)),
+                    compile_mode=self.compile_mode, compile_options=self.compile_options, captures=self.captures,
+                    color=self.color, inputs=[m.describe() for m in self._modes.values()],
+                    switches=self.model.switches() if self.model is not None else None,
                     warmup_seconds={str(k): round(v, 3) for k, v in self.warmup_seconds.items()})
 
     def __repr__(self) -> str:

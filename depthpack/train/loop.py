@@ -395,8 +395,9 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         dump_yaml(cfg, out / "config.yaml")
 
     train_set = make_dataset(cfg.data, split="train", img_size=mcfg.img_size, min_depth=mcfg.min_depth, max_depth=mcfg.max_depth)
-    if cfg.data.cache and cfg.num_workers == 0 and hasattr(train_set, "prefill") and start_step < cfg.steps:
-        # every core renders the cached scenes before the first step (workers would each hold a copy)
+    if cfg.data.cache and hasattr(train_set, "prefill") and start_step < cfg.steps:
+        # every core renders the cached scenes before the first step; DataLoader workers forked later
+        # share them (copy-on-write) instead of each rendering its own copy every epoch
         train_set.prefill(processes=os.cpu_count() or 1, progress=d.main and cfg.progress)
     objective = PackedObjective(model, cfg.silog_lambda, cfg.distill_weight).to(d.device)
     runner: nn.Module = objective

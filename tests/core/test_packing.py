@@ -37,6 +37,11 @@ def test_selection_properties(gh, gw, p, B, Q, extra, seed, dup):
     # duplicates in one patch share a slot
     same = qidx[:, :, None] == qidx[:, None, :]
     assert torch.equal(same, slot[:, :, None] == slot[:, None, :])
+    # the counting selection (a fast-path switch) picks the same patches and maps queries to them
+    index3, slot3 = select_tokens(pts, bucket, p, (gh, gw), method="count")
+    for b in range(B):
+        assert set(index3[b].tolist()) == set(index[b].tolist())
+    assert torch.equal(torch.gather(index3, 1, slot3), qidx)
 
 
 def test_patch_of_points_borders():

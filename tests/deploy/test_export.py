@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = (8, 64)
 SPEC_KEYS = {"format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
              "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
-             "tolerance", "buckets", "onnx", "reference", "frame"}  # written out, independently of the contract module
+             "tolerance", "buckets", "onnx", "reference", "frame", "build"}  # written out, independently of the contract
 
 
 def _cli():
@@ -60,7 +60,7 @@ def fresh_inputs(k: int, seed: int, batch: int = 1):
 
 def test_manifest_keys_values_and_hashes(exported):
     m, out = exported.manifest, exported.out
-    assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx"}
+    assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx", "build"}
     assert m["format"] == FORMAT == "depthpack-manifest/2" and m["preset"] == "tiny"
     assert m["image_size"] == [64, 64] and m["patch_size"] == 8 and m["batch_size"] == 1
     assert m["device"] == "cpu" and m["compute_capability"] is None and m["arch"] == platform.machine()
@@ -257,13 +257,42 @@ def test_self_check_crash_falls_back_to_the_cpp_runner(exported, monkeypatch, tm
     assert not list(exported.out.glob(".selfcheck*"))  # its temporary files are gone
 
 
-def test_load_runners_refuses_when_loading_crashes_in_a_child(exported, monkeypatch):
-    """Where the loader kills Python, load_runners raises instead of crashing its caller."""
+def _fake_probes(monkeypatch, outcomes: dict):
+    """The loader's probe children answer by how they load: outcomes[(how, preloaded)] -> return code."""
     import depthpack.runtime.aoti as aoti
-    monkeypatch.setattr(aoti, "_PROBED", {})
-    monkeypatch.setattr(aoti.subprocess, "run",
-                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, -11, "", "Fatal Python error: Segmentation fault"))
+
+    monkeypatch.setattr(aoti, "_HOW", {})
+    seen = []
+
+    def probe(manifest_path, device, how, env=None, timeout_s=600):
+        key = (how, bool(env and "LD_PRELOAD" in env))
+        seen.append(key)
+        rc = outcomes.get(key, -11)
+        return rc, "" if rc == 0 else "Fatal Python error: Segmentation fault"
+    monkeypatch.setattr(aoti, "_probe_child", probe)
+    return seen
+
+
+def test_load_runners_refuses_when_loading_crashes_in_a_child(exported, monkeypatch):
+    """Where every way of loading kills a child, load_runners raises instead of crashing its caller."""
+    seen = _fake_probes(monkeypatch, {})
     with pytest.raises(ValueError, match="killed by SIGSEGV"):
+        load_runners(exported.out / "manifest.json", "cpu")
+    assert seen == [("plain", False), ("cxx_global", False), ("plain", True)]
+
+
+def test_load_runners_takes_the_way_a_child_survived(exported, monkeypatch):
+    """Plain loading crashes but loading after the C++ runtime is made global works: this process
+    loads that way (and answers); where only a preloaded runtime works, the error says the command."""
+    import depthpack.runtime.aoti as aoti
+
+    _fake_probes(monkeypatch, {("cxx_global", False): 0})
+    promoted = []
+    monkeypatch.setattr(aoti, "promote_cxx_runtime", lambda: promoted.append(True))
+    _, runners = load_runners(exported.out / "manifest.json", "cpu")
+    assert promoted == [True] and sorted(runners) == list(BUCKETS)
+    _fake_probes(monkeypatch, {("plain", True): 0})
+    with pytest.raises(ValueError, match="LD_PRELOAD=.*libstdc\\+\\+.* python"):
         load_runners(exported.out / "manifest.json", "cpu")
 
 
@@ -443,3 +472,20 @@ def test_package_named_for_another_bucket_is_refused(exported, tmp_path):
 def cv2_read_bgr(path):
     import cv2
     return cv2.imread(str(path), cv2.IMREAD_COLOR)
+
+
+def test_packages_carry_their_own_cxx_runtime(exported, tmp_path):
+    """The packages' library links the C++ runtime in (hidden), so it cannot bind half its C++ symbols
+    to another copy in the loading process (the torch 2.11 + CUDA crash): no libstdc++ among its
+    needed libraries, and the build records it."""
+    import zipfile
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    with zipfile.ZipFile(exported.out / "depthpack_k8.pt2") as z:
+        so = next(n for n in z.namelist() if n.endswith(".so"))
+        z.extract(so, tmp_path)
+    needed = subprocess.run([readelf, "-d", str(tmp_path / so)], capture_output=True, text=True).stdout
+    assert "NEEDED" in needed and "libstdc++" not in needed, needed
+    assert exported.manifest["build"]["static_cxx_runtime"] is True

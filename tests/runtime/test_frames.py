@@ -135,3 +135,40 @@ def test_float_images_still_accepted_and_checked():
         torch.testing.assert_close(pred.predict(images, pts), MODEL(images, pts), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="outside"):
         pred.predict(images * 2, pts)
+
+
+# ---- on the GPU: the same function, captured; no sync; nothing allocated in steady state ----------------
+def _gpu_counts() -> dict:
+    dev = {k: v for k, v in torch.cuda.memory_stats().items() if k.endswith(".allocated") and "allocation" in k}
+    host = {k: v for k, v in getattr(torch.cuda, "host_memory_stats", dict)().items() if "alloc" in k and "peak" not in k
+            and "current" not in k and "freed" not in k}
+    return {**dev, **{f"host.{k}": v for k, v in host.items()}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["graph", "compile+graph"])
+def test_gpu_frames_in_the_graph_equal_the_float_path_no_sync_no_allocation(backend):
+    pred = Predictor(MODEL, device="cuda", backend=backend, color="bgr", batch_size=1)
+    frame, pts = _frame(seed=5), _points(70, seed=5)
+    pred.warmup(frame_size=frame.shape[:2])
+    captures = pred.captures
+    torch.testing.assert_close(pred.predict(frame, pts).cpu(), _reference(frame, pts, "bgr"), rtol=2e-4, atol=2e-3)
+    frames = [_frame(seed=s) for s in range(4)]
+    ptss = [_points(70, seed=s) for s in range(4)]
+    out = torch.empty(1, 70, device="cuda")
+    for i in range(8):  # steady state reached
+        pred.predict(frames[i % 4], ptss[i % 4], out=out)
+    torch.cuda.synchronize()
+    before = _gpu_counts()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(200):
+            pred.predict(frames[i % 4], ptss[i % 4], out=out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert _gpu_counts() == before, "allocated in steady state"
+    assert pred.captures == captures, "recaptured"
+    host = torch.empty(1, 70).pin_memory()
+    pred.predict(frames[1], ptss[1], out=host)  # host out: ready on return
+    torch.testing.assert_close(host, _reference(frames[1], ptss[1], "bgr"), rtol=2e-4, atol=2e-3)

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU run: one script per device call (the H200 machine's python3 holds torch 2.11 + triton 3.6).
+#   PART=final OUT=DIR bash scripts/gpu_run.sh   # every GPU test, make demo (GPU recipe), the benchmark's
+#                                                # two target points (device tensors and host frames), the
+#                                                # C++ frame loop: the acceptance run, about 9 minutes
+#   PART=dev OUT=DIR bash scripts/gpu_run.sh     # the package-loading diagnosis, the GPU tests, the
+#                                                # fewer-kernels levers at B1 Q256 and the kernel profile
+# Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
+# and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu_run}
+PART=${PART:-final}
+PY=${PY:-python3}
+W=$(mktemp -d /tmp/gpu_run.XXXX)           # results, packed into $OUT/results.tgz at the end
+CACHE=$W/cache                              # one compile cache shared by every step
+mkdir -p "$OUT" "$W/logs"
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor \
+       TRITON_CACHE_DIR=$CACHE/triton
+LOG=$OUT/run.log
+T0=$(date +%s)
+step() { echo "== +$(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
+quiet() { grep -v -e 'DEBUG    torch' -e '%|' -e '^\s*$' -e 'it/s\]' ; }
+finish() { tar czf "$OUT/results.tgz" -C "$W" --exclude=cache --exclude='*.pt2' --exclude='*.onnx' --exclude='cpp_build' \
+             --exclude='checkpoints' . 2>/dev/null; step "done (results.tgz: $(du -h "$OUT/results.tgz" | cut -f1))"; }
+trap finish EXIT
+
+step "machine"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
+  $PY -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name())'
+  nproc; g++ --version | head -1; git log --oneline -1 2>/dev/null; } 2>&1 | tee -a "$LOG"
+
+build_runner() {  # the C++ runner, built once; the tests and the demo use it ($DEPTHPACK_RUN)
+  step "C++ runner build"
+  cmake -S deploy_cpp -B "$W/cpp_build" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_PREFIX_PATH="$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)')" >"$W/logs/cpp_build.log" 2>&1 \
+    && timeout 300 cmake --build "$W/cpp_build" -j "$(nproc)" >>"$W/logs/cpp_build.log" 2>&1 \
+    && export DEPTHPACK_RUN=$W/cpp_build/depthpack_run && echo "built $DEPTHPACK_RUN" | tee -a "$LOG" \
+    || { echo "C++ build FAILED"; tail -20 "$W/logs/cpp_build.log"; } | tee -a "$LOG"
+}
+
+gpu_tests() {  # every GPU test (the 2-GPU torchrun test skips on one GPU)
+  step "pytest -m gpu ${*:-tests}"
+  timeout "${TEST_S:-330}" $PY -m pytest -m gpu ${*:-tests} -q -rfEs -p no:cacheprovider --tb=short \
+    --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
+  echo "pytest exit $?" | tee -a "$LOG"
+  grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$W/logs/gpu_tests.log" | tail -25 | tee -a "$LOG"
+}
+
+if [ "$PART" = dev ]; then
+  step "loading a .pt2 from Python: packages with the C++ runtime linked in, and without"
+  for rt in static dynamic; do
+    flag=$([ $rt = dynamic ] && echo --dynamic-cxx-runtime || echo --no-bindings)
+    timeout 240 $PY scripts/aoti_diagnose.py --build-tiny "$W/tiny_$rt" --device cuda $flag --out "$W/diagnose_$rt.json" \
+      >"$W/logs/diagnose_$rt.log" 2>&1; echo "diagnose $rt exit $?" | tee -a "$LOG"
+    [ -f "$W/diagnose_$rt.json" ] && $PY -c "import json; r=json.load(open('$W/diagnose_$rt.json')); \
+print('$rt', {k: v['returncode'] for k, v in r['runs'].items()}); b=r.get('bindings_plain'); \
+b and print('  providers', b['cxx_symbol_providers'], 'from another library:', b['n_from_another_library']); \
+b and print('  e.g.', list(b['cxx_symbols_from_another_library'].items())[:6])" | tee -a "$LOG" \
+      || tail -5 "$W/logs/diagnose_$rt.log" | tee -a "$LOG"
+  done
+  TEST_S=${TEST_S:-230} gpu_tests tests --deselect tests/deploy/test_cpp_runner.py::test_cuda_graph_equals_no_graph_and_reference
+  step "the fewer-kernels levers at B1 Q256 (vits bf16), each the previous row plus one switch"
+  timeout "${LEVERS_S:-120}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --rows levers,masked-eager --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/levers" 2>&1 | quiet \
+    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  step "kernel profile (vits bf16 B1 Q256)"
+  timeout "${PROFILE_S:-60}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
+fi
+
+if [ "$PART" = final ]; then
+  build_runner
+  gpu_tests tests
+  step "make demo (the GPU recipe)"
+  rm -rf runs/demo
+  timeout "${DEMO_S:-200}" make demo >"$W/logs/demo.log" 2>&1; echo "make demo exit $?" | tee -a "$LOG"
+  grep -E "^=== .*done in|demo:|report:" "$W/logs/demo.log" | tee -a "$LOG"
+  [ -d runs/demo ] && cp -r runs/demo "$W/demo"
+  step "the benchmark's two target points (vits bf16): device tensors and host camera frames"
+  timeout "${BENCH_S:-150}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1,8 --queries 256,512 \
+    --rows masked-eager,masked-graph,packed-graph,packed-compile+graph,packed-compile+graph@frames \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/targets" 2>&1 | quiet \
+    | grep -E '^\| vits .* (256|512) |failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  if [ -n "${DEPTHPACK_RUN:-}" ] && [ -x "$W/cpp_build/depthpack_run" ]; then
+    step "the C++ frame loop (vits bf16 frame packages, 640x480 bgr8, B1 Q256)"
+    timeout "${CPP_S:-150}" bash scripts/cpp_frame_loop.sh "$W" 2>&1 | tail -8 | tee -a "$LOG"
+  fi
+fi
