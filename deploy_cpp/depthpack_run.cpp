@@ -201,7 +201,7 @@ int frame_loop(depthpack::Runner& r, const Args& a) {
   std::ofstream file;
   std::ostream* os = nullptr;  // opened at the first frame: an error before it leaves no output
   std::vector<double> predict_ms, total_ms;
-  int64_t frames = 0, skipped = 0, checked_h = -1, checked_w = -1;
+  int64_t frames = 0, skipped = 0, checked_h = -1, checked_w = -1, buffers_first = 0;
   depthpack::Frame f;
   std::string why;
   for (int64_t i = 0;; ++i) {
@@ -223,18 +223,19 @@ int frame_loop(depthpack::Runner& r, const Args& a) {
     if (!os) os = &output(a, file), *os << "frame,x,y,depth\n";
     for (int64_t k = 0; k < pts.size(); ++k)
       *os << i << "," << pts.text[k].first << "," << pts.text[k].second << "," << fmt(depth[k]) << "\n";
-    ++frames;
+    if (++frames == 1) buffers_first = r.allocations();
   }
+  if (frames == 0 && skipped == 0) throw Error("no frames in " + (a.raw + a.video + a.images));
   if (!os) os = &output(a, file), *os << "frame,x,y,depth\n";
   if (!os->flush()) throw Error("writing the depths failed");
-  if (frames == 0 && skipped == 0) throw Error("no frames in " + (a.raw + a.video + a.images));
   // the first frame loads the packages (and captures the CUDA graphs): reported apart
   const double first = predict_ms.empty() ? NAN : predict_ms.front();
   if (predict_ms.size() > 1) predict_ms.erase(predict_ms.begin()), total_ms.erase(total_ms.begin());
   std::fprintf(stderr, "frames frames=%lld skipped=%lld device=%s graph=%d first_ms=%.3f predict_median_ms=%.4f predict_p90_ms=%.4f "
-               "read_predict_median_ms=%.4f read_predict_p90_ms=%.4f\n", (long long)frames, (long long)skipped, r.device().c_str(),
-               int(r.graphs()), first, depthpack::median(predict_ms), depthpack::percentile(predict_ms, 0.9),
-               depthpack::median(total_ms), depthpack::percentile(total_ms, 0.9));
+               "read_predict_median_ms=%.4f read_predict_p90_ms=%.4f buffers_first=%lld buffers_end=%lld\n", (long long)frames,
+               (long long)skipped, r.device().c_str(), int(r.graphs()), first, depthpack::median(predict_ms),
+               depthpack::percentile(predict_ms, 0.9), depthpack::median(total_ms), depthpack::percentile(total_ms, 0.9),
+               (long long)buffers_first, (long long)r.allocations());
   if (skipped) throw Error(std::to_string(skipped) + " of " + std::to_string(frames + skipped) + " frames skipped (named above)");
   return 0;
 }
