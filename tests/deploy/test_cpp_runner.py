@@ -791,9 +791,11 @@ def test_exporters_cpp_fallback_check_passes_with_the_real_runner(runner, export
 
 # ---- CUDA (the H200 through the device tool) ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def cuda_exported(tmp_path_factory) -> Path:
+def cuda_exported(runner, tmp_path_factory) -> Path:
+    """The tiny preset exported for CUDA; the self-check falls back to this runner where Python's
+    loader crashes (torch 2.11 on the H200)."""
     out = tmp_path_factory.mktemp("cuda") / "tiny_cuda"
-    return finish_export(start_export(out, device="cuda"), out)
+    return finish_export(start_export(out, device="cuda", cpp_runner=runner), out)
 
 
 @pytest.mark.gpu
