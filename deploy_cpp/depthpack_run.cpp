@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "frames.h"
 #include "io.h"
 #include "runner.h"
@@ -131,35 +132,13 @@ void print_bench(depthpack::Runner& r, int runs) {
   }
 }
 
-// --check REF: REF's inputs through the packages, against REF's depth within the manifest's tolerance.
-bool check_reference(depthpack::Runner& r, const std::string& path) {
+// --check REF: the reference's depths within the manifest's tolerance, one line on stderr.
+bool report_check(depthpack::Runner& r, const std::string& path) {
   const depthpack::Manifest& m = r.manifest();
-  depthpack::io::Safetensors ref(path);
-  auto image = ref.get(m.takes_frames() ? "frames" : "images"), points = ref.get("points"), want = ref.get("depth");
-  const int64_t B = m.batch;
-  std::vector<int64_t> item = m.takes_frames() ? std::vector<int64_t>{m.frame_h, m.frame_w, 3} : std::vector<int64_t>{3, m.H, m.W};
-  if (image.shape.size() != 4 || image.shape[0] < B || std::vector<int64_t>(image.shape.begin() + 1, image.shape.end()) != item ||
-      image.dtype != (m.takes_frames() ? "U8" : "F32"))
-    throw Error("check " + path + ": its images/frames do not fit the manifest");
-  if (points.dtype != "F32" || points.shape.size() != 3 || points.shape[0] < B || points.shape[2] != 2 ||
-      want.shape != std::vector<int64_t>{points.shape[0], points.shape[1]})
-    throw Error("check " + path + ": points / depth malformed");
-  if (!m.takes_frames()) depthpack::io::check_unit_range(image.f32, "check " + path);
-  std::optional<float> focal;
-  if (m.has_input("focal") && ref.has("focal")) focal = ref.get("focal").f32.at(0);
-  const int64_t n = points.shape[1];
-  std::vector<float> got(size_t(B * n));
-  r.predict_inputs(m.takes_frames() ? (const void*)image.u8.data() : image.f32.data(), B, points.f32.data(), n, got.data(), focal);
-  double diff = 0;
-  bool ok = true;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(double(got[i]) - want.f32[i]);
-    diff = std::max(diff, d);
-    ok = ok && std::isfinite(got[i]) && d <= m.atol + m.rtol * std::abs(want.f32[i]);
-  }
-  std::fprintf(stderr, "check %s: %lld points, max abs diff %.3g (atol %g, rtol %g): %s\n", path.c_str(), (long long)n,
-               diff, m.atol, m.rtol, ok ? "OK" : "MISMATCH");
-  return ok;
+  const depthpack::Check c = depthpack::check_reference(r, path);
+  std::fprintf(stderr, "check %s: %lld points, max abs diff %.3g (atol %g, rtol %g): %s\n", path.c_str(), (long long)c.points,
+               c.max_abs_diff, m.atol, m.rtol, c.ok ? "OK" : "MISMATCH");
+  return c.ok;
 }
 
 // --image: one image file, or a tensor file used as is.
@@ -243,7 +222,7 @@ int frame_loop(depthpack::Runner& r, const Args& a) {
 int run_main(int argc, char** argv) {
   const Args a = parse_args(argc, argv);
   depthpack::Runner runner(a.manifest, {a.device_index, a.graph});
-  if (!a.check.empty() && !check_reference(runner, a.check)) return 1;
+  if (!a.check.empty() && !report_check(runner, a.check)) return 1;
   if (!a.image.empty()) predict_image(runner, a);
   if (!a.raw.empty() || !a.video.empty() || !a.images.empty()) frame_loop(runner, a);
   if (a.bench) print_bench(runner, a.bench);
