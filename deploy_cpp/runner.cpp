@@ -164,19 +164,24 @@ struct Runner::Impl {
       points_host = alloc({chunks * B * kmax * 2}, at::kFloat, true);
       depth_host = alloc({chunks * B * kmax}, at::kFloat, true);
     }
-    for (int64_t c = 0; c < chunks; ++c) {  // chunk_plan: at most kmax points, the smallest bucket that holds them
-      const int64_t s = c * kmax, cn = std::min(kmax, n - s), K = bucket_for(cn).capacity;
-      Slot& slot_k = slot(bucket_for(cn));
-      float* p = points_host.data_ptr<float>() + c * B * kmax * 2;
-      for (int64_t r = 0; r < B; ++r) {  // pad_points: copies of the chunk's first point
-        const float* src = xy + ((rows == 1 ? 0 : r) * n + s) * 2;
-        float* dst = p + r * K * 2;
-        std::memcpy(dst, src, size_t(cn) * 2 * sizeof(float));
-        for (int64_t i = cn; i < K; ++i) dst[2 * i] = src[0], dst[2 * i + 1] = src[1];
+    try {
+      for (int64_t c = 0; c < chunks; ++c) {  // chunk_plan: at most kmax points, the smallest bucket that holds them
+        const int64_t s = c * kmax, cn = std::min(kmax, n - s), K = bucket_for(cn).capacity;
+        Slot& slot_k = slot(bucket_for(cn));
+        float* p = points_host.data_ptr<float>() + c * B * kmax * 2;
+        for (int64_t r = 0; r < B; ++r) {  // pad_points: copies of the chunk's first point
+          const float* src = xy + ((rows == 1 ? 0 : r) * n + s) * 2;
+          float* dst = p + r * K * 2;
+          std::memcpy(dst, src, size_t(cn) * 2 * sizeof(float));
+          for (int64_t i = cn; i < K; ++i) dst[2 * i] = src[0], dst[2 * i + 1] = src[1];
+        }
+        slot_k.points.copy_(points_host.narrow(0, c * B * kmax * 2, B * K * 2).view({B, K, 2}), /*non_blocking=*/true);
+        const at::Tensor& d = slot_k.package->run(slot_k.inputs, stream_handle());
+        depth_host.narrow(0, c * B * kmax, B * K).view({B, K}).copy_(d, /*non_blocking=*/true);
       }
-      slot_k.points.copy_(points_host.narrow(0, c * B * kmax * 2, B * K * 2).view({B, K, 2}), /*non_blocking=*/true);
-      const at::Tensor& d = slot_k.package->run(slot_k.inputs, stream_handle());
-      depth_host.narrow(0, c * B * kmax, B * K).view({B, K}).copy_(d, /*non_blocking=*/true);
+    } catch (...) {
+      sync();  // no copy may still read or write the staging buffers when the caller goes on
+      throw;
     }
     sync();  // the one synchronization of a call
     const float* dh = depth_host.data_ptr<float>();
