@@ -1,6 +1,7 @@
 # make test : create or reuse .venv, install depthpack with its dev extras, run the test suite
 # make test-fast : the same without the tests marked slow (the inner loop; CI runs `make test`)
 # make demo : the main job end to end on the embedded synthetic data (see README)
+# make cross-aarch64 : build deploy_cpp for aarch64 (a Jetson's CPU), run its error paths under qemu
 PY       ?= python3
 VENV     ?= .venv
 BIN      := $(VENV)/bin
@@ -10,7 +11,7 @@ TORCH    ?= torch==2.14.1 torchvision==0.29.1
 STAMP    := $(VENV)/.depthpack-installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast demo clean
+.PHONY: test test-fast demo cross-aarch64 clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +39,10 @@ else
 demo: $(STAMP)
 	$(BIN)/python -m depthpack.demo --out runs/demo
 endif
+
+# Cross-compiles against the aarch64 wheel of the torch pinned above (docs/cross_aarch64.md); needs no .venv.
+cross-aarch64:
+	DP_CROSS_TORCH="$(firstword $(TORCH))" PYTHON="$(PY)" bash scripts/cross_aarch64.sh
 
 clean:
 	rm -rf runs build deploy_cpp/build

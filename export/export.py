@@ -4,6 +4,7 @@ depthpack.deploy.export. Any refusal or failed check is one line on stderr and e
 
     python export/export.py --preset tiny --out /tmp/dp_tiny --buckets 8,64 --onnx
     python export/export.py --checkpoint runs/vits --out /tmp/dp_export_vits --device cuda --dtype bfloat16
+    python export/export.py --checkpoint runs/vits --out out/cam --device cuda --frame-size 640x480 --frame-format bgr8
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from depthpack.deploy.contract import DTYPES  # noqa: E402
+from depthpack.deploy.contract import DTYPES, FRAME_FORMATS  # noqa: E402
 from depthpack.deploy.export import TARGETS, ExportOptions, export, load_for_export  # noqa: E402
 
 
@@ -29,6 +30,17 @@ def _ints(text: str) -> tuple[int, ...]:
         return tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _frame_size(text: str) -> tuple[int, int]:
+    """'640x480' (width x height, as cameras are named) -> (h, w)."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT (e.g. 640x480)") from None
+    if w < 1 or h < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be positive")
+    return h, w
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,6 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-autotune", action="store_true", help="Inductor max-autotune (much slower compile)")
     ap.add_argument("--target", default="native",
                     help=f"refuse unless this machine is the target: native, {', '.join(sorted(TARGETS))} or ARCH[:sm_XY]")
+    ap.add_argument("--frame-size", type=_frame_size, default=None, metavar="WxH",
+                    help="packages take uint8 camera frames of this size (e.g. 640x480) and preprocess inside "
+                         "(resize, channel order, scale); default: float images at the model's size")
+    ap.add_argument("--frame-format", default="bgr8", choices=sorted(FRAME_FORMATS),
+                    help="with --frame-size: the frames' channel order (bgr8: OpenCV and most drivers)")
     ap.add_argument("--seed", type=int, default=0, help="seed of preset weights, reference and check inputs")
     ap.add_argument("--cpp-runner", default=None,
                     help="deploy_cpp's depthpack_run, for the self-check where loading packages kills Python "
@@ -60,7 +77,8 @@ def main(argv=None) -> int:
         opts = ExportOptions(out=args.out, device=args.device, dtype=args.dtype, buckets=args.buckets,
                              batch=args.batch, onnx=args.onnx or bool(args.onnx_buckets),
                              onnx_buckets=args.onnx_buckets, max_autotune=args.max_autotune,
-                             target=args.target, seed=args.seed, cpp_runner=args.cpp_runner)
+                             target=args.target, seed=args.seed, cpp_runner=args.cpp_runner,
+                             frame_size=args.frame_size, frame_format=args.frame_format)
         summary = export(model, opts, preset, log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:  # ExportError, CheckpointError, config errors: all say what is wrong
         print(f"export: error: {e}", file=sys.stderr)

@@ -509,6 +509,10 @@ def parse_args(argv=None):
     ap.add_argument("--cache-dir", default=None, help="compile cache folder (Inductor + save_cache_artifacts)")
     ap.add_argument("--compile-time", action="store_true", help="also measure cold and warm compile per bucket")
     ap.add_argument("--merge-from", action="append", help="folder of an earlier bench.json whose rows to include")
+    ap.add_argument("--predict", choices=("jetson-orin",), default=None,
+                    help="no measurement: predict the Jetson Orins' latency from the per-kernel model calibrated "
+                         "on the H200 (depthpack.bench.orin; --profile FILE calibrates on a measured profile)")
+    ap.add_argument("--profile", action="append", default=[], metavar="FILE", help="with --predict: profile.json")
     ap.add_argument("--child-warmup", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.checkpoint:
@@ -563,6 +567,10 @@ def _have(mod: str) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.predict:
+        from . import orin
+        return orin.main(["--out", str(check_writable_dir(args.out, "--out"))]
+                         + [a for f in args.profile for a in ("--profile", f)])
     if args.child_warmup:
         child_warmup(args)
         return {}

@@ -131,7 +131,10 @@ def main(argv=None) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     md = "\n".join(markdown(r) for r in reports)
     (out / "profile.md").write_text(md)
-    (out / "profile.json").write_text(json.dumps(reports, indent=1))
+    # one flat record per forward, the format depthpack.bench.orin --profile reads
+    flat = [dict(p, backend=name, preset=r["preset"], batch=r["batch"], dtype=r["dtype"], fused_embed=r["fused_embed"],
+                 device=torch.cuda.get_device_name()) for r in reports for name, p in r["backends"].items()]
+    (out / "profile.json").write_text(json.dumps(flat, indent=1))
     print(md)
     print(json.dumps(reports))
     return reports

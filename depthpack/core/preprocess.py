@@ -1,8 +1,12 @@
-"""Preprocessing shared bit-for-bit with the C++ runner (deploy_cpp/depthpack_run.cpp).
+"""The one preprocessing of depthpack: camera frame -> model input. Training, evaluation, the
+Predictor (inside its CUDA graphs), the exported packages and the C++ runner all compute this.
 
-image file -> OpenCV decode (BGR) -> RGB -> cv2.resize to the model's (W, H) with INTER_LINEAR
--> float32 / 255 -> [3,H,W]. Normalization by mean/std happens inside the model.
-Points are given in the original image's pixels and scaled by (W / w0, H / h0).
+    frame uint8 [h,w,3] in channel order `color` (rgb | bgr)
+      -> float32 [3,h,w] RGB -> bilinear resize to the model's (H, W) (align_corners=False, no
+         antialias: torch.nn.functional.interpolate) -> / 255 -> [3,H,W] in [0,1]
+    points (x, y) in the frame's pixels -> * (W / w, H / h) in float32
+Normalization by mean and std happens inside the model. Image files are decoded by OpenCV, after a
+check that the file is complete (a truncated JPEG or PNG decodes without complaint otherwise).
 """
 from __future__ import annotations
 
@@ -11,32 +15,60 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+COLORS = ("rgb", "bgr")
+MAX_IMAGE_BYTES = 256 << 20
+
+
+def frames_to_images(frames: torch.Tensor, size: tuple[int, int], color: str = "rgb") -> torch.Tensor:
+    """uint8 frames [B,h,w,3] in channel order color -> float32 images [B,3,H,W] RGB in [0,1] at size.
+    Fixed shapes only: it runs inside compiled graphs and packages."""
+    x = frames.permute(0, 3, 1, 2).to(torch.float32)  # [B,3,h,w] 0..255
+    if color == "bgr":
+        x = x.flip(1)
+    H, W = size
+    if tuple(x.shape[-2:]) != (H, W):
+        x = F.interpolate(x, size=(H, W), mode="bilinear", align_corners=False, antialias=False)
+    return x / 255.0
+
+
+def scale_points(points, frame_size: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """(x, y) in the frame (h, w) -> (x, y) in the model's image (H, W); float32, on points' device."""
+    (h, w), (H, W) = frame_size, size
+    pts = points if isinstance(points, torch.Tensor) else torch.as_tensor(np.asarray(points, dtype=np.float32))
+    return pts.to(torch.float32) * torch.tensor([W / w, H / h], dtype=torch.float32, device=pts.device)
+
+
+def check_complete(data: bytes, path) -> None:
+    """A ValueError if a JPEG lacks its end marker or a PNG its IEND chunk (a cut-off file)."""
+    if data[:3] == b"\xff\xd8\xff":
+        end = data.rstrip(b"\x00")
+        if not end.endswith(b"\xff\xd9"):
+            raise ValueError(f"image {path}: truncated JPEG (no end-of-image marker)")
+    elif data[:8] == b"\x89PNG\r\n\x1a\n":
+        if b"IEND" not in data[-64:]:
+            raise ValueError(f"image {path}: truncated PNG (no IEND chunk)")
 
 
 def read_rgb(path: str | Path) -> np.ndarray:
-    """uint8 RGB [h,w,3]; a clear ValueError if the file is missing or not an image."""
+    """uint8 RGB [h,w,3]; one clear ValueError if the file is missing, too large, cut off or not an image."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"image {path}: no such file")
-    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if path.stat().st_size > MAX_IMAGE_BYTES:
+        raise ValueError(f"image {path}: {path.stat().st_size} bytes is larger than {MAX_IMAGE_BYTES}")
+    data = path.read_bytes()
+    check_complete(data, path)
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if bgr is None:
         raise ValueError(f"image {path}: cannot be decoded as an image")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
 def to_model_input(rgb: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
-    """uint8 RGB [h,w,3] -> float32 [3,H,W] in [0,1] at size (H, W)."""
-    H, W = size
-    if rgb.shape[:2] != (H, W):
-        rgb = cv2.resize(rgb, (W, H), interpolation=cv2.INTER_LINEAR)
-    return torch.from_numpy(np.ascontiguousarray(rgb.transpose(2, 0, 1))).float().div_(255.0)
-
-
-def scale_points(points, orig_size: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
-    """(x, y) in the original image (h0, w0) -> (x, y) in the model's image (H, W)."""
-    (h0, w0), (H, W) = orig_size, size
-    pts = torch.as_tensor(np.asarray(points, dtype=np.float32))
-    return pts * torch.tensor([W / w0, H / h0], dtype=torch.float32)
+    """uint8 RGB [h,w,3] -> float32 [3,H,W] in [0,1] at size (H, W) (frames_to_images)."""
+    return frames_to_images(torch.from_numpy(np.ascontiguousarray(rgb))[None], size, "rgb")[0]
 
 
 def load_image(path: str | Path, size: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:

@@ -3,7 +3,7 @@
 Geometry: a native sample (h, w) reaches (H, W) by "resize" (each axis scaled) or "center_crop"
 (uniform scale to cover, centered window). Depth and masks are sampled NEAREST at the destination
 pixel centers, so a depth value is never blended with an invalid neighbour; the image is resized
-with cv2 INTER_LINEAR (as depthpack.preprocess and the C++ runner) or INTER_AREA.
+as inference does (depthpack.core.preprocess), or with cv2 INTER_AREA (a training option).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from ..core.preprocess import frames_to_images
 
 log = logging.getLogger("depthpack.data")
 
@@ -48,14 +50,22 @@ def source_indices(h: int, w: int, size: tuple[int, int], mode: str) -> tuple[np
 
 
 def resize_image(rgb: np.ndarray, size: tuple[int, int], mode: str = "resize", interp: str = "linear") -> np.ndarray:
-    """uint8 or float RGB [h,w,3] -> same dtype [H,W,3] (bilinear or area), by the resize mode."""
+    """uint8 or float RGB [h,w,3] -> float32 [H,W,3] in [0,1], by the resize mode. "linear" is the one
+    preprocessing of inference (depthpack.core.preprocess.frames_to_images); "area" (cv2 INTER_AREA,
+    antialiased when shrinking) is a training-only option."""
     h, w = rgb.shape[:2]
     H, W = int(size[0]), int(size[1])
     _, _, (sh, sw, top, left) = source_indices(h, w, size, mode)
-    if (sh, sw) != (h, w):
-        flag = cv2.INTER_AREA if interp == "area" and sh * sw < h * w else cv2.INTER_LINEAR
-        rgb = cv2.resize(rgb, (sw, sh), interpolation=flag)
-    return np.ascontiguousarray(rgb[top:top + H, left:left + W])
+    if interp == "area" and sh * sw < h * w:
+        out = cv2.resize(rgb, (sw, sh), interpolation=cv2.INTER_AREA)
+        out = out.astype(np.float32) / 255.0 if out.dtype == np.uint8 else out.astype(np.float32)
+    else:
+        if rgb.dtype == np.uint8:
+            frame = torch.from_numpy(np.ascontiguousarray(rgb))
+        else:  # float RGB in [0,1]: the same arithmetic on 0..255 values
+            frame = torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32) * np.float32(255.0))
+        out = frames_to_images(frame[None], (sh, sw), "rgb")[0].permute(1, 2, 0).numpy()
+    return np.ascontiguousarray(out[top:top + H, left:left + W], dtype=np.float32)
 
 
 def resize_nearest(a: np.ndarray, size: tuple[int, int], mode: str = "resize") -> np.ndarray:
@@ -105,8 +115,7 @@ def make_sample(rgb: np.ndarray, depth: np.ndarray, size: tuple[int, int], cfg, 
         raise BadSample(path, f"image has shape {rgb.shape}, expected [h,w,3]")
     if depth.ndim != 2:
         raise BadSample(path, f"depth has shape {depth.shape}, expected [h,w]")
-    img = resize_image(rgb, size, cfg.resize, cfg.image_interp)
-    img = img.astype(np.float32) / 255.0 if img.dtype == np.uint8 else img.astype(np.float32)
+    img = resize_image(rgb, size, cfg.resize, cfg.image_interp)  # float32 [H,W,3] in [0,1]
     d = resize_nearest(depth.astype(np.float32, copy=False), size, cfg.resize)
     crop = resize_nearest(crop_mask(cfg.eval_crop, *depth.shape), size, cfg.resize)
     valid = valid_mask(d, min_depth, max_depth)

@@ -21,12 +21,12 @@ Eval crops (eval_crop), defined on the native image and resized with the depth (
     "eigen_kitti"  KITTI Eigen crop: rows 0.3324324h:0.91351351h, cols 0.0359477w:0.96405229w
 
 resize (how a native sample reaches img_size (H, W)):
-    "resize"       scale each axis to (H, W) (the aspect ratio may change); what depthpack.preprocess
+    "resize"       scale each axis to (H, W) (the aspect ratio may change); what depthpack.core.preprocess
                    and the C++ runner do at inference, so training sees what inference sees.
     "center_crop"  scale uniformly so the image covers (H, W), then cut the centered (H, W) window.
 Synthetic scenes are rendered at (H, W) directly (no resize). Depth and masks of files always go
 through nearest-neighbour sampling at pixel centers (never a blend of valid
-and invalid values); the image through image_interp ("linear" as depthpack.preprocess, or "area",
+and invalid values); the image through image_interp ("linear" as depthpack.core.preprocess, or "area",
 which antialiases when shrinking).
 """
 from __future__ import annotations

@@ -6,10 +6,15 @@ the tests and the C++ runner (deploy_cpp/manifest.h, held to this module by a te
 A folder holds manifest.json (FORMAT), one AOTInductor package per bucket (package_name), the
 reference files and optionally ONNX models. Each package runs the packed forward (token selection
 included) for one bucket K: its inputs are listed by name in the manifest, in call order, each a
-contiguous tensor of a fixed shape and dtype:
-    images  float32 [B,3,H,W]  RGB in [0,1] at the model's size
-    points  float32 [B,K,2]    (x, y) pixels of that image
-and it returns depth float32 [B,K] meters; normalization and the compute dtype are inside.
+contiguous tensor of a fixed shape and dtype, one of
+    images  float32 [B,3,H,W]  RGB in [0,1] at the model's size (manifest "frame": null), or
+    frames  uint8   [B,h,w,3]  camera frames of one size and channel order (manifest "frame":
+                               {"size": [h, w], "color": "bgr" | "rgb"}), preprocessed inside
+                               (depthpack.core.preprocess)
+    points  float32 [B,K,2]    (x, y) pixels of those images or frames
+and it returns depth float32 [B,K] meters; normalization and the compute dtype are inside. Each
+package also carries its bucket and input specs in its own metadata (PACKAGE_METADATA), so a
+manifest entry that names the wrong package is caught when it loads.
 """
 from __future__ import annotations
 
@@ -29,11 +34,14 @@ REFERENCE_POINTS = "reference_points.csv"
 
 # the manifest's keys, in the order the exporter writes them; deploy_cpp/manifest.h lists the same
 REQUIRED_KEYS = ("format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
-                 "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
-                 "tolerance", "buckets", "reference")
+                 "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
+                 "preprocess", "tolerance", "buckets", "reference")
 OPTIONAL_KEYS = ("onnx",)
 BUCKET_KEYS = ("bucket", "file", "sha256", "inputs", "outputs")
 TENSOR_DTYPES = ("float32", "uint8")
+FRAME_FORMATS = {"bgr8": "bgr", "rgb8": "rgb"}  # the exporter's --frame-format -> the manifest's frame color
+# keys of the package's own metadata (aot_inductor.metadata): its bucket and its inputs as JSON
+PACKAGE_BUCKET, PACKAGE_INPUTS = "depthpack.bucket", "depthpack.inputs"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # |package - eager| <= atol + rtol * |eager|, depth in meters. float32 packages differ from eager only by
@@ -42,8 +50,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 TOLERANCE = {"float32": {"atol": 1e-3, "rtol": 1e-3},
              "float16": {"atol": 2e-2, "rtol": 2e-2},
              "bfloat16": {"atol": 5e-2, "rtol": 5e-2}}
-PREPROCESS = {"channel_order": "RGB", "resize": "bilinear", "scale": 1.0 / 255.0, "layout": "NCHW",
-              "normalize_inside": True, "points": "original image pixels (x, y), scaled by (W/w0, H/h0)"}
+PREPROCESS = {"frame": "uint8 HWC in the frame's channel order", "to_rgb": True, "resize": "bilinear",
+              "align_corners": False, "antialias": False, "scale": 1.0 / 255.0, "layout": "NCHW",
+              "normalize_inside": True, "points": "(x, y) in the frame's pixels, scaled by (W/w, H/h) in float32",
+              "definition": "depthpack.core.preprocess.frames_to_images"}
 
 
 def package_name(bucket: int) -> str:
@@ -58,11 +68,12 @@ def tensor_spec(name: str, shape, dtype: str = "float32") -> dict:
     return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype}
 
 
-def io_specs(image_size: tuple[int, int], batch: int, bucket: int) -> tuple[list[dict], list[dict]]:
-    """(inputs, outputs) of the package of one bucket, in call order."""
+def io_specs(image_size: tuple[int, int], batch: int, bucket: int, frame: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of the package of one bucket, in call order; frame: the manifest's "frame"."""
     H, W = image_size
-    return ([tensor_spec("images", [batch, 3, H, W]), tensor_spec("points", [batch, bucket, 2])],
-            [tensor_spec("depth", [batch, bucket])])
+    first = (tensor_spec("frames", [batch, *frame["size"], 3], "uint8") if frame
+             else tensor_spec("images", [batch, 3, H, W]))
+    return [first, tensor_spec("points", [batch, bucket, 2])], [tensor_spec("depth", [batch, bucket])]
 
 
 class ManifestError(ValueError):
@@ -98,6 +109,11 @@ def read_manifest(path: str | Path) -> dict:
     tol = m["tolerance"]
     _need(isinstance(tol, dict) and all(isinstance(tol.get(k), (int, float)) for k in ("atol", "rtol")), w,
           "tolerance must hold numbers atol and rtol")
+    frame = m["frame"]
+    _need(frame is None or (isinstance(frame, dict) and frame.get("color") in FRAME_FORMATS.values()
+                            and isinstance(frame.get("size"), list) and len(frame["size"]) == 2
+                            and all(_pos_int(v) for v in frame["size"])), w,
+          'frame must be null or {"size": [h, w], "color": "bgr" | "rgb"}')
     buckets = m["buckets"]
     _need(isinstance(buckets, list) and buckets, w, "buckets must list at least one package")
     prev = 0
@@ -112,7 +128,7 @@ def read_manifest(path: str | Path) -> dict:
               f"file must be a plain file name, got {b['file']!r}")
         _need(isinstance(b["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", b["sha256"]) is not None, wb,
               "sha256 must be 64 lowercase hex digits")
-        want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"])
+        want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"], frame)
         if b["inputs"] != want_in or b["outputs"] != want_out:
             shapes = lambda specs: [t.get("shape") if isinstance(t, dict) else t for t in specs]  # noqa: E731
             raise ManifestError(f"{wb}: tensor shapes {shapes(b['inputs'])} -> {shapes(b['outputs'])} are not those of "

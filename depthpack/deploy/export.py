@@ -15,6 +15,7 @@ The folder's contract is depthpack.deploy.contract. Steps (a failure at any step
 """
 from __future__ import annotations
 
+import json
 import platform
 import shutil
 import sys
@@ -29,8 +30,8 @@ from ..core.checkpoint import load_model
 from ..core.config import PRESETS, ModelConfig, model_config, to_dict
 from ..core.files import atomic_write_json, publish_dir, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
-from .contract import (DTYPES, FORMAT, MANIFEST, PREPROCESS, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE,
-                       io_specs, onnx_name, package_name)
+from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
+                       REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, io_specs, onnx_name, package_name)
 from .onnx import export_onnx
 from .package import ExportError, cast_model, compile_package, export_program
 from .reference import write_reference
@@ -52,6 +53,8 @@ class ExportOptions:
     onnx_buckets: tuple[int, ...] | None = None  # None: every exported bucket (with onnx)
     max_autotune: bool = False
     inductor_configs: dict | None = None  # more Inductor settings for AOTInductor (e.g. fusion knobs)
+    frame_size: tuple[int, int] | None = None  # (h, w): packages take uint8 camera frames of this size
+    frame_format: str = "bgr8"  # with frame_size: the frames' channel order (bgr8 from OpenCV, or rgb8)
     target: str = "native"  # or a name in TARGETS, or "ARCH[:sm_XY]"
     seed: int = 0
     check_timeout_s: int = 900
@@ -166,6 +169,18 @@ def check_out_dir(out: Path) -> None:
                           f"replaces the whole folder: move them out first")
 
 
+def frame_of(opts: ExportOptions) -> dict | None:
+    """The manifest's "frame" for these options (None: packages take float images)."""
+    if opts.frame_size is None:
+        return None
+    if opts.frame_format not in FRAME_FORMATS:
+        raise ExportError(f"--frame-format {opts.frame_format!r}: choose one of {sorted(FRAME_FORMATS)}")
+    h, w = (int(v) for v in opts.frame_size)
+    if h < 1 or w < 1:
+        raise ExportError(f"--frame-size: need a positive size, got {w}x{h} (WxH)")
+    return {"size": [h, w], "color": FRAME_FORMATS[opts.frame_format]}
+
+
 def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.device, buckets, bucket_entries,
                    reference: dict, onnx_entries: list) -> dict:
     mcfg = to_dict(cfg)
@@ -177,7 +192,7 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         "device": device.type,
         "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
         "arch": platform.machine(), "dtype": opts.dtype, "torch_version": torch.__version__,
-        "min_depth": cfg.min_depth, "max_depth": cfg.max_depth,
+        "min_depth": cfg.min_depth, "max_depth": cfg.max_depth, "frame": frame_of(opts),
         "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[opts.dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
     }
@@ -201,6 +216,7 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
     onnx_buckets = tuple(opts.onnx_buckets or buckets) if opts.onnx else ()
     if set(onnx_buckets) - set(buckets):
         raise ExportError(f"--onnx-buckets {list(onnx_buckets)}: each must be one of the exported buckets {list(buckets)}")
+    frame_of(opts)  # a bad frame size or format is refused before anything is built
     out = Path(opts.out)
     check_out_dir(out)
     staged = staging_dir(out)
@@ -216,6 +232,7 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
 
 def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_buckets, out: Path, log) -> dict:
     deployed = cast_model(model, DTYPES[opts.dtype], device)
+    frame = frame_of(opts)
     g = torch.Generator().manual_seed(opts.seed)
     inductor_configs = {"max_autotune": bool(opts.max_autotune), **(opts.inductor_configs or {})}
     times: dict = {"export_s": {}, "compile_s": {}}
@@ -225,20 +242,21 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     for k in bar:
         bar.set_postfix_str(f"k={k} torch.export")
         t0 = time.perf_counter()
-        ep = export_program(deployed, k, opts.batch, device, g)
+        ep = export_program(deployed, k, opts.batch, device, g, frame)
         t1 = time.perf_counter()
         bar.set_postfix_str(f"k={k} compile")
-        path = compile_package(ep, out / package_name(k), inductor_configs)
+        inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame)
+        path = compile_package(ep, out / package_name(k), inductor_configs,
+                               {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))})
         t2 = time.perf_counter()
         times["export_s"][k], times["compile_s"][k] = round(t1 - t0, 2), round(t2 - t1, 2)
         log(f"bucket {k}: torch.export {t1 - t0:.1f} s, AOTInductor compile {t2 - t1:.1f} s -> {path.name}")
-        inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k)
         entries.append({"bucket": k, "file": path.name, "sha256": sha256_file(path), "inputs": inputs, "outputs": outputs})
-    reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device)
+    reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device, frame)
     onnx_entries = []
     for k in onnx_buckets:
         t0 = time.perf_counter()
-        e = export_onnx(model, k, opts.batch, out / onnx_name(k), g)
+        e = export_onnx(model, k, opts.batch, out / onnx_name(k), g, frame)
         times.setdefault("onnx_s", {})[k] = round(time.perf_counter() - t0, 2)
         log(f"ONNX bucket {k}: {e['exporter']} exporter, onnxruntime vs eager max |diff| {e['max_abs_diff']:.2e} m")
         onnx_entries.append(e)
@@ -247,7 +265,7 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     t0 = time.perf_counter()
     log("self-check: loading the packages in a child process (python -m depthpack.runtime.aoti --check)")
     report = self_check(deployed, out / MANIFEST, buckets, opts.batch, device, g, opts.check_timeout_s,
-                        opts.cpp_runner, log)
+                        opts.cpp_runner, log, frame)
     times["check_s"] = round(time.perf_counter() - t0, 2)
     times["total_s"] = round(time.perf_counter() - t_all, 2)
     log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")

@@ -15,15 +15,16 @@ from .package import ExportError, PackedForward, example_inputs
 ONNX_OPSET = 20
 
 
-def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Generator) -> dict:
+def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Generator, frame: dict | None = None) -> dict:
     """float32 ONNX (opset 20) of the packed forward; TensorRT picks fp16/bf16 itself (--fp16/--bf16).
     Tries the dynamo exporter, falls back to the TorchScript one; then onnx.checker, onnxruntime vs eager."""
     import onnx
     import onnxruntime as ort
 
-    wrapper = PackedForward(model32, k).eval()
-    images, points = example_inputs(model32.cfg, batch, k, "cpu", g)
-    names = dict(input_names=["images", "points"], output_names=["depth"], opset_version=ONNX_OPSET)
+    wrapper = PackedForward(model32, k, frame).eval()
+    images, points = example_inputs(model32.cfg, batch, k, "cpu", g, frame)
+    first = "frames" if frame else "images"
+    names = dict(input_names=[first, "points"], output_names=["depth"], opset_version=ONNX_OPSET)
     errors = []
     for dynamo in (True, False):
         try:
@@ -40,10 +41,10 @@ def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Gen
     else:
         raise ExportError(f"ONNX export of bucket {k} failed with both exporters: {' | '.join(errors)}")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    fresh_images, fresh_points = example_inputs(model32.cfg, batch, k, "cpu", g)
-    got = sess.run(["depth"], {"images": fresh_images.numpy(), "points": fresh_points.numpy()})[0]
+    fresh_images, fresh_points = example_inputs(model32.cfg, batch, k, "cpu", g, frame)
+    got = sess.run(["depth"], {first: fresh_images.numpy(), "points": fresh_points.numpy()})[0]
     with torch.no_grad():
-        want = model32.forward_packed(fresh_images, fresh_points, k)
+        want = wrapper(fresh_images, fresh_points)
     ok, err = within(torch.from_numpy(got), want, **TOLERANCE["float32"])
     if not ok:
         raise ExportError(f"ONNX bucket {k}: onnxruntime differs from eager by up to {err:.3g} m "

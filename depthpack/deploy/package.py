@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from ..core.config import ModelConfig
 from ..core.model import DepthPack
+from ..core.preprocess import frames_to_images, scale_points
 
 # ATen ops that read tensor values into the host or make shapes data-dependent (by base name)
 FORBIDDEN_OPS = {"nonzero", "nonzero_static", "_local_scalar_dense", "item", "unique", "_unique", "_unique2",
@@ -30,26 +31,36 @@ def cast_model(model: DepthPack, dtype: torch.dtype, device: torch.device) -> De
 
 
 class PackedForward(nn.Module):
-    """The exported function: images [B,3,H,W] f32, points [B,K,2] f32 -> depth [B,K] f32."""
+    """The exported function: images [B,3,H,W] f32 (or, with frame, uint8 frames [B,h,w,3] in the
+    frame's channel order, preprocessed inside), points [B,K,2] f32 in their pixels -> depth [B,K] f32."""
 
-    def __init__(self, model: DepthPack, bucket: int):
+    def __init__(self, model: DepthPack, bucket: int, frame: dict | None = None):
         super().__init__()
-        self.model, self.bucket = model, bucket
+        self.model, self.bucket, self.frame = model, bucket, frame
 
-    def forward(self, images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-        return self.model.forward_packed(images, points, self.bucket)
+    def forward(self, inputs: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        if self.frame is not None:
+            size = tuple(self.model.cfg.img_size)
+            inputs, points = (frames_to_images(inputs, size, self.frame["color"]),
+                              scale_points(points, tuple(self.frame["size"]), size))
+        return self.model.forward_packed(inputs, points, self.bucket)
 
 
-def example_inputs(cfg: ModelConfig, batch: int, k: int, device, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random images [B,3,H,W] in [0,1) and points [B,K,2] inside them; the last quarter of each row
-    repeats the first point, like the runners' padding."""
-    H, W = cfg.img_size
-    images = torch.rand(batch, 3, H, W, generator=g)
-    points = torch.rand(batch, k, 2, generator=g) * torch.tensor([W, H]) * (1 - 1e-6)
+def example_inputs(cfg: ModelConfig, batch: int, k: int, device, g: torch.Generator,
+                   frame: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random images [B,3,H,W] in [0,1) (or uint8 frames [B,h,w,3]) and points [B,K,2] inside them;
+    the last quarter of each row repeats the first point, like the runners' padding."""
+    if frame is not None:
+        h, w = frame["size"]
+        inputs = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8)
+    else:
+        h, w = cfg.img_size
+        inputs = torch.rand(batch, 3, h, w, generator=g)
+    points = torch.rand(batch, k, 2, generator=g) * torch.tensor([w, h]) * (1 - 1e-6)
     pad = k // 4
     if pad:
         points[:, k - pad:] = points[:, :1]
-    return images.to(device), points.to(device)
+    return inputs.to(device), points.to(device)
 
 
 def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
@@ -65,18 +76,24 @@ def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
     return problems
 
 
-def export_program(model: DepthPack, k: int, batch: int, device, g: torch.Generator) -> torch.export.ExportedProgram:
-    images, points = example_inputs(model.cfg, batch, k, device, g)
+def export_program(model: DepthPack, k: int, batch: int, device, g: torch.Generator,
+                   frame: dict | None = None) -> torch.export.ExportedProgram:
+    inputs, points = example_inputs(model.cfg, batch, k, device, g, frame)
     with torch.no_grad():
-        ep = torch.export.export(PackedForward(model, k).eval(), (images, points), strict=False)
+        ep = torch.export.export(PackedForward(model, k, frame).eval(), (inputs, points), strict=False)
     problems = static_graph_problems(ep)
     if problems:
         raise ExportError(f"bucket {k}: the packed forward is not one static graph: {'; '.join(problems[:5])}")
     return ep
 
 
-def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_configs: dict | None = None) -> Path:
-    """AOTInductor-compile the program into the .pt2 at path (the exporter stages the whole folder and
-    swaps it in at the end, so a half-written package is never under a folder a runner reads)."""
-    torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=dict(inductor_configs or {}))
+def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_configs: dict | None = None,
+                    metadata: dict[str, str] | None = None) -> Path:
+    """AOTInductor-compile the program into the .pt2 at path, with metadata (strings) stored in the
+    package itself (the exporter stages the whole folder and swaps it in at the end, so a half-written
+    package is never under a folder a runner reads)."""
+    configs = dict(inductor_configs or {})
+    if metadata:
+        configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), **metadata}
+    torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
     return path

@@ -13,7 +13,7 @@ import torch
 from ..core.files import sha256_file
 from ..core.model import DepthPack
 from ..core.packing import run_chunked
-from ..core.preprocess import load_image, scale_points
+from ..core.preprocess import load_image, read_rgb, scale_points
 from .contract import REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS
 
 
@@ -57,27 +57,42 @@ def write_points_csv(path: Path, pts: np.ndarray) -> None:
         w.writerows([repr(float(x)), repr(float(y))] for x, y in pts)
 
 
-def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int, device) -> dict:
-    """reference.png (1.5x / 1.25x the model size, so resizing and point scaling are exercised),
-    reference_points.csv (Q = largest bucket + 3, so chunking and padding are exercised) and
-    reference.safetensors (images = preprocess(reference.png), points scaled, eager depth, chunked)."""
+def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int, device, frame: dict | None = None) -> dict:
+    """reference.png, reference_points.csv (Q = largest bucket + 3, so chunking and padding are
+    exercised) and reference.safetensors: the packages' inputs by name, and the eager depth.
+
+    Image packages: the PNG is 1.5x / 1.25x the model size (resizing and point scaling are exercised),
+    "images" = preprocess(reference.png), "points" scaled to the model's pixels. Frame packages: the
+    PNG is a frame of the packages' size, "frames" its uint8 pixels in their channel order, "points"
+    the CSV's, and the depth is the package's own function (preprocessing included) run eagerly."""
     from safetensors.torch import save_file
 
+    from .package import PackedForward
+
     H, W = model.cfg.img_size
-    h0, w0 = (3 * H) // 2, (5 * W) // 4
+    h0, w0 = tuple(frame["size"]) if frame else ((3 * H) // 2, (5 * W) // 4)
     rgb = reference_image(h0, w0, seed)
     if not cv2.imwrite(str(out / REFERENCE_IMAGE), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)):
         raise OSError(f"could not write {out / REFERENCE_IMAGE}")
-    image, orig = load_image(out / REFERENCE_IMAGE, (H, W))  # [3,H,W], exactly what runners compute
-    assert tuple(orig) == (h0, w0)
     q = buckets[-1] + 3
     pts0 = reference_points(q, h0, w0, seed)
     write_points_csv(out / REFERENCE_POINTS, pts0)
-    pts = scale_points(pts0, (h0, w0), (H, W))  # [Q,2] model pixels
-    images = image.unsqueeze(0).repeat(batch, 1, 1, 1).contiguous()  # [B,3,H,W]
+    if frame:
+        pixels = read_rgb(out / REFERENCE_IMAGE)  # what a runner decodes from the PNG
+        pixels = pixels[..., ::-1] if frame["color"] == "bgr" else pixels
+        inputs = torch.from_numpy(pixels.copy())[None].repeat(batch, 1, 1, 1).contiguous()  # [B,h,w,3] uint8
+        pts = torch.from_numpy(pts0)
+        name = "frames"
+    else:
+        image, orig = load_image(out / REFERENCE_IMAGE, (H, W))  # [3,H,W], exactly what runners compute
+        assert tuple(orig) == (h0, w0)
+        inputs = image.unsqueeze(0).repeat(batch, 1, 1, 1).contiguous()  # [B,3,H,W]
+        pts = scale_points(pts0, (h0, w0), (H, W))  # [Q,2] model pixels
+        name = "images"
     points = torch.stack([pts.roll(b, 0) for b in range(batch)]).contiguous()  # [B,Q,2], row 0 = CSV order
     with torch.no_grad():
-        depth = run_chunked(model.forward_packed, images.to(device), points.to(device), tuple(buckets)).float().cpu()
-    save_file({"images": images, "points": points, "depth": depth.contiguous()}, str(out / REFERENCE))
+        fn = lambda x, p, k: PackedForward(model, k, frame)(x, p)  # noqa: E731
+        depth = run_chunked(fn, inputs.to(device), points.to(device), tuple(buckets)).float().cpu()
+    save_file({name: inputs, "points": points, "depth": depth.contiguous()}, str(out / REFERENCE))
     return {"file": REFERENCE, "sha256": sha256_file(out / REFERENCE), "image": REFERENCE_IMAGE,
             "points_csv": REFERENCE_POINTS}

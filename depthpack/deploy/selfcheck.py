@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..core.model import DepthPack
-from .package import ExportError, example_inputs
+from .package import ExportError, PackedForward, example_inputs
 
 
 CPP_RUNNER_CANDIDATES = ("deploy_cpp/build/depthpack_run",)
@@ -37,15 +37,14 @@ def find_cpp_runner(explicit: str | None = None) -> Path | None:
 
 def cpp_check(runner: Path, manifest_path: Path, fresh: dict, buckets, timeout_s: int = 600) -> dict:
     """The same checks with the C++ runner: `depthpack_run --manifest M --check F` on one file per
-    bucket (fresh images, points [B,K,2], eager depth) and on the reference file; each must exit 0."""
+    bucket (fresh inputs by name, eager depth) and on the reference file; each must exit 0."""
     from safetensors.torch import save_file
 
     report = {"checker": f"cpp ({runner})", "buckets": {}, "ok": True}
     files = {}
     for k in buckets:
         f = manifest_path.parent / f".selfcheck_k{k}.safetensors"
-        save_file({"images": fresh[f"images_k{k}"].contiguous(), "points": fresh[f"points_k{k}"].contiguous(),
-                   "depth": fresh[f"depth_k{k}"].contiguous()}, str(f))
+        save_file({n[: -len(f"_k{k}")]: t.contiguous() for n, t in fresh.items() if n.endswith(f"_k{k}")}, str(f))
         files[k] = f
     manifest = json.loads(manifest_path.read_text())
     files["reference"] = manifest_path.parent / manifest["reference"]["file"]
@@ -73,7 +72,7 @@ def cpp_check(runner: Path, manifest_path: Path, fresh: dict, buckets, timeout_s
 
 
 def self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, device, g: torch.Generator,
-               timeout_s: int = 900, cpp_runner: str | None = None, log=print) -> dict:
+               timeout_s: int = 900, cpp_runner: str | None = None, log=print, frame: dict | None = None) -> dict:
     """Run every package on fresh random inputs and on the reference file in a child process
     (python -m depthpack.runtime.aoti --check), against eager outputs computed here. A child that hangs or
     reports a mismatch is an ExportError. A child KILLED by a signal (torch 2.11 + CUDA packages on
@@ -82,11 +81,12 @@ def self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, devic
     from safetensors.torch import save_file
 
     fresh = {}
+    name = "frames" if frame else "images"
     with torch.no_grad():
         for k in buckets:
-            images, points = example_inputs(model.cfg, batch, k, device, g)
-            fresh[f"images_k{k}"], fresh[f"points_k{k}"] = images.cpu(), points.cpu()
-            fresh[f"depth_k{k}"] = model.forward_packed(images, points, k).float().cpu()
+            inputs, points = example_inputs(model.cfg, batch, k, device, g, frame)
+            fresh[f"{name}_k{k}"], fresh[f"points_k{k}"] = inputs.cpu(), points.cpu()
+            fresh[f"depth_k{k}"] = PackedForward(model, k, frame)(inputs, points).float().cpu()
     inputs = manifest_path.parent / ".selfcheck_inputs.safetensors"
     save_file({n: t.contiguous() for n, t in fresh.items()}, str(inputs))
     env = dict(os.environ)
@@ -121,7 +121,7 @@ def self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, devic
     if not lines:
         raise ExportError(f"self-check: the child exited {proc.returncode} without a report:\n{proc.stderr[-2000:]}")
     report = json.loads(lines[-1])
-    report["checker"] = "python (depthpack.aoti, child process)"
+    report["checker"] = "python (depthpack.runtime.aoti, child process)"
     if not report.get("ok"):
         if "error" in report:
             raise ExportError(f"self-check: {report['error']}")

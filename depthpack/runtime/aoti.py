@@ -30,7 +30,8 @@ from typing import Callable
 import torch
 
 from ..core.packing import run_chunked
-from ..deploy.contract import check_device, read_manifest, verify_file, within
+from ..deploy.contract import (PACKAGE_BUCKET, PACKAGE_INPUTS, check_device, read_manifest, verify_file,
+                               within)
 from .graphs import capture, summarize, time_calls
 
 Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -55,15 +56,14 @@ def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
     Shapes, dtypes and devices are checked on the host (metadata only, no sync), because a package
     given the wrong shape reads out of bounds instead of raising.
     """
-    spec = {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in bucket["inputs"]}
-    (img_shape, _), (pts_shape, _) = spec["images"], spec["points"]
+    specs = [(t["name"], tuple(t["shape"]), t["dtype"]) for t in bucket["inputs"]]
 
-    def run(images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-        for name, t, shape in (("images", images, img_shape), ("points", points, pts_shape)):
-            if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != device.type:
-                raise ValueError(f"package k{bucket['bucket']}: {name} must be float32 {list(shape)} on "
-                                 f"{device.type}, got {t.dtype} {list(t.shape)} on {t.device}")
-        return loader.run([images.contiguous(), points.contiguous()])[0]
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        for (name, shape, dtype), t in zip(specs, inputs):
+            if tuple(t.shape) != shape or t.dtype != getattr(torch, dtype) or t.device.type != device.type:
+                raise ValueError(f"package k{bucket['bucket']}: {name} must be {dtype} {list(shape)} on "
+                                 f"{device.type}, got {str(t.dtype)[6:]} {list(t.shape)} on {t.device}")
+        return loader.run([t.contiguous() for t in inputs])[0]
 
     run.loader = loader  # keep the loader reachable (and inspectable)
     run.bucket = bucket["bucket"]
@@ -132,11 +132,25 @@ def load_runners(manifest_path: str | Path, device: str | torch.device,
     runners: dict[int, Runner] = {}
     for b in manifest["buckets"]:
         loader = load_package(root / b["file"], device)
-        key = loader.get_metadata().get("AOTI_DEVICE_KEY", manifest["device"])
+        meta = loader.get_metadata()
+        key = meta.get("AOTI_DEVICE_KEY", manifest["device"])
         if key != manifest["device"]:
             raise ValueError(f"package {b['file']} holds code for {key}, the manifest says {manifest['device']}")
+        check_package_metadata(meta, b)
         runners[int(b["bucket"])] = _make_runner(loader, b, device)
     return manifest, dict(sorted(runners.items()))
+
+
+def check_package_metadata(meta: dict, entry: dict) -> None:
+    """The package's own record of its bucket and inputs must be the manifest entry's: an entry that
+    names another bucket's package (with that package's sha256) is refused here."""
+    bucket, inputs = meta.get(PACKAGE_BUCKET), meta.get(PACKAGE_INPUTS)
+    if bucket is None or inputs is None:
+        raise ValueError(f"package {entry['file']} does not record its bucket and inputs (exported by an older "
+                         f"depthpack?); re-export it")
+    if int(bucket) != entry["bucket"] or json.loads(inputs) != entry["inputs"]:
+        raise ValueError(f"package {entry['file']} is the package of bucket {bucket} with inputs {json.loads(inputs)}, "
+                         f"but the manifest lists it for bucket {entry['bucket']} with {entry['inputs']}")
 
 
 def run_packages(runners: dict[int, Runner], images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
@@ -173,10 +187,11 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
     report = {"device": str(dev), "torch": torch.__version__, "load_s": round(time.perf_counter() - t0, 3),
               "buckets": {}, "ok": True}
     with torch.inference_mode():
+        name = manifest["buckets"][0]["inputs"][0]["name"]  # images | frames
         if inputs:
             fresh = load_file(inputs)
             for k, fn in runners.items():
-                out = fn(fresh[f"images_k{k}"].to(dev), fresh[f"points_k{k}"].to(dev))
+                out = fn(fresh[f"{name}_k{k}"].to(dev), fresh[f"points_k{k}"].to(dev))
                 ok, err = within(out, fresh[f"depth_k{k}"], **tol)
                 report["buckets"][k] = {"ok": ok, "max_abs_diff": err}
                 report["ok"] &= ok
@@ -184,14 +199,14 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
         verify_file(root / ref_entry["file"], ref_entry["sha256"], "reference file")
         ref = load_file(str(root / ref_entry["file"]))
         B = manifest["batch_size"]
-        out = run_packages(runners, ref["images"][:B].to(dev), ref["points"][:B].to(dev))
+        out = run_packages(runners, ref[name][:B].to(dev), ref["points"][:B].to(dev))
         ok, err = within(out, ref["depth"][:B], **tol)
         report["reference"] = {"ok": ok, "max_abs_diff": err, "points": int(ref["points"].shape[1])}
         report["ok"] &= ok
         if bench:
             report["latency"] = {}
             for k, fn in runners.items():
-                images = ref["images"][:B].to(dev).contiguous()
+                images = ref[name][:B].to(dev).contiguous()
                 pts = ref["points"][:B, :k].to(dev).contiguous()
                 lat = {"plain": bench_runner(fn, images, pts, bench)}
                 if dev.type == "cuda":
@@ -230,7 +245,8 @@ def _probe(manifest_path: str, device: str | None = None) -> dict:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
     loader = load_package(Path(manifest_path).parent / bucket["file"], device)
-    inputs = [torch.rand(t["shape"], device=device) * (4 if t["name"] == "points" else 1) for t in bucket["inputs"]]
+    inputs = [torch.randint(0, 256, t["shape"], dtype=torch.uint8, device=device) if t["dtype"] == "uint8"
+              else torch.rand(t["shape"], device=device) * (4 if t["name"] == "points" else 1) for t in bucket["inputs"]]
     out = loader.run(inputs)[0]
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -1,34 +1,15 @@
-"""Predictor: the packed forward as a runtime (buckets, chunking, compile, CUDA graphs, AOTInductor).
+"""Predictor: the packed forward as a runtime, fed what a robot has (camera frames on the host).
 
-    pred = Predictor(model, device="cuda", dtype=torch.bfloat16, backend="compile+graph")
-    pred.warmup()                         # compiles / captures every bucket at the batch size given
-    depth = pred.predict(images, points)  # [B,Q] float32 meters, on pred.device
+    pred = Predictor(model, device="cuda", dtype=torch.bfloat16, backend="compile+graph", color="bgr")
+    depth = pred.predict(frame, points)        # frame uint8 [h,w,3] (OpenCV), points [Q,2] frame pixels
+    depth = pred.predict(images, points)       # or float images [B,3,H,W] in [0,1] at the model's size
 
-Host side (costs no device time, never waits on the GPU): validation, the bucket from Q alone,
-chunking and padding (depthpack.core.packing). Device side, inside ONE static graph per bucket: token
-selection, packing, the blocks and the head. Graph backends copy inputs into static buffers shared by
-all buckets, replay, and copy the [:Q] part of the static output into the result.
-
-Switches (each off by default except where named):
-    backend        eager | compile | graph | compile+graph | aoti
-                     compile: torch.compile(fullgraph, static shapes, mode=compile_mode)
-                     graph: one CUDA graph per bucket, all in one memory pool
-                     compile+graph: the compiled forward captured the same way, or with
-                       compile_mode="reduce-overhead" Inductor's own CUDA graphs
-                     aoti: exported packages (depthpack.runtime.aoti), captured in graphs on a GPU
-    path           packed (default) | masked | dense: which core of the model runs (the baselines)
-    dtype          the compute dtype of the Predictor's copy of the model
-    buckets        another bucket ladder than the model's (its cores run any bucket)
-    fused_embed    the Triton gather+embed kernel (depthpack.kernels)
-Every backend but eager runs at the batch size fixed at warmup: other batch sizes are split into
-groups of it (the last group padded with stale rows whose results are dropped).
-
-The caller's model is never modified: the Predictor runs its own copy (moved, cast, eval mode).
-
-Synchronization: points given as CPU tensors are validated on the host for free and copied
-non_blocking from pinned memory. Points given on the device are copied to the host to be validated,
-which is a device sync: pass validate=False to skip it (then their values must be valid). Image
-values are checked only when the images are on the CPU (shapes and dtypes always).
+Inside ONE static graph per bucket and input kind: preprocessing (depthpack.core.preprocess: channel
+swap, resize, scale; points scaled to the model's pixels), token selection, the blocks, the head.
+On the host: checks (no value scan of uint8 frames), the bucket from Q, chunking, staging into pinned
+buffers made once, asynchronous copies. In steady state a call with out= allocates nothing on the
+device or in pinned memory. Switches: backend (eager | compile | graph | compile+graph | aoti), path
+(packed | masked | dense: the baselines), dtype, fused_embed, buckets; see the class docstring.
 """
 from __future__ import annotations
 
@@ -36,29 +17,23 @@ import copy
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from ..core.files import atomic_write_bytes
-from ..core.packing import bucket_for, chunk_plan, pad_points
-from ..core.validation import as_points, check_images, check_points_in_image
+from ..core.packing import bucket_for, chunk_plan, run_chunked
+from ..core.preprocess import frames_to_images, scale_points
+from ..core.validation import check_points_in_image
+from .frames import Batch, as_batch, check_color
 from .graphs import capture
 
 BACKENDS = ("eager", "compile", "graph", "compile+graph", "aoti")
 PATHS = ("packed", "masked", "dense")
 CACHE_FILE = "depthpack_compile_cache.bin"  # torch.compiler.save_cache_artifacts, inside cache_dir
 _LOADED: set[str] = set()  # cache blobs already loaded in this process
-
-
-@dataclass
-class _Static:
-    """Static buffers of one bucket: points [Bg,K,2] in, depth [Bg,K] out; the graph that links them."""
-    points: torch.Tensor
-    out: torch.Tensor | None = None
-    graph: torch.cuda.CUDAGraph | None = None
 
 
 def compile_counter() -> int:
@@ -89,12 +64,104 @@ def save_compile_cache(cache_dir: str | os.PathLike) -> None:
         atomic_write_bytes(Path(cache_dir) / CACHE_FILE, saved[0])
 
 
+class _Staged:
+    """A device buffer and, for a CUDA device, its pinned host mirror (made once): host data is
+    copied into the mirror, then asynchronously to the device; an event guards the mirror's reuse."""
+
+    def __init__(self, shape, dtype, device: torch.device):
+        self.dev = torch.zeros(shape, dtype=dtype, device=device)
+        self.host = torch.zeros(shape, dtype=dtype, pin_memory=True) if device.type == "cuda" else None
+        self.done = torch.cuda.Event() if device.type == "cuda" else None
+
+    def load(self, src, rows: int) -> None:
+        """dev[:rows] <- src: a tensor or a list of rows, on any device, any strides."""
+        on_host = (src[0] if isinstance(src, list) else src).device.type == "cpu"
+        if self.host is None or not on_host:
+            _copy_rows(self.dev, src, rows)
+            return
+        self.done.synchronize()  # the previous upload from the mirror has left it
+        _copy_rows(self.host, src, rows)
+        self.dev[:rows].copy_(self.host[:rows], non_blocking=True)
+        self.done.record()
+
+    def load_points(self, chunk: torch.Tensor, rows: int) -> torch.Tensor:
+        """points [rows,q,2] -> dev[:rows] padded to the bucket with each row's first point (packing's
+        pad_points rule, written in place); returns the staged [rows,q] points for checking."""
+        q = chunk.shape[1]
+        buf = self.dev if self.host is None or chunk.device.type != "cpu" else self.host
+        if buf is self.host:
+            self.done.synchronize()
+        buf[:rows, :q].copy_(chunk)
+        if q < buf.shape[1]:
+            buf[:rows, q:].copy_(buf[:rows, :1].expand(rows, buf.shape[1] - q, 2))
+        if buf is self.host:
+            self.dev[:rows].copy_(self.host[:rows], non_blocking=True)
+            self.done.record()
+        return buf[:rows, :q]
+
+
+def _copy_rows(dst: torch.Tensor, src, rows: int) -> None:
+    if isinstance(src, list):
+        for i, row in enumerate(src):
+            dst[i].copy_(row, non_blocking=True)
+    else:
+        dst[:rows].copy_(src, non_blocking=True)
+
+
+@dataclass
+class _Bucket:
+    points: _Staged
+    out: torch.Tensor | None = None
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+@dataclass
+class _Mode:
+    """One input kind at one size: its static input buffer, its function, its buckets."""
+    kind: str  # "frames" | "images"
+    size: tuple[int, int]  # (h, w) the points refer to
+    color: str | None
+    inputs: _Staged
+    fn: Callable
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.size[0]}x{self.size[1]}" + (f" {self.color}" if self.color else "")
+
+
 class Predictor:
+    """The packed forward behind one call: predict(frames or images, points) -> depth [B,Q].
+
+    backend        eager | compile | graph | compile+graph | aoti
+                     compile: torch.compile(fullgraph, static shapes, mode=compile_mode)
+                     graph: one CUDA graph per bucket and input kind, all in one memory pool
+                     compile+graph: the compiled forward captured the same way (or, with
+                       compile_mode="reduce-overhead", Inductor's own CUDA graphs)
+                     aoti: exported packages (depthpack.runtime.aoti), captured in graphs on a GPU
+    path           packed (default) | masked | dense: which core of the model runs (the baselines)
+    dtype          the compute dtype of the Predictor's copy of the model
+    color          the channel order of uint8 frames (bgr from OpenCV, or rgb); predict(color=) overrides
+    fused_embed    the Triton gather+embed kernel (depthpack.kernels)
+    buckets        another bucket ladder than the model's (its cores run any bucket)
+    validate       points checked against the frame on the host (False: the caller promises)
+
+    Every backend but eager runs at a fixed batch size (the first call's, or warmup's): other batch
+    sizes run in groups of it. Static backends run one frame size (the first frame's, or warmup's):
+    a frame of another size is one ValueError naming both; make one Predictor per camera. The
+    caller's model is never modified: the Predictor runs its own copy.
+
+    Synchronization: host points are checked on the host for free; device points are copied to the
+    host to be checked (a sync) unless validate=False. Float images are value-checked on the host
+    only; uint8 frames need no value check. With out= on the device a call returns without waiting
+    for the GPU; with out= on the host (or none and a CPU device) the result is ready on return.
+    """
+
     def __init__(self, model=None, device=None, dtype: torch.dtype | None = None, backend: str = "eager",
                  batch_size: int | None = None, compile_mode: str | None = None,
                  cache_dir: str | os.PathLike | None = None, validate: bool = True,
                  packages: str | os.PathLike | None = None, fused_embed: bool | None = None,
-                 compile_backend: str = "inductor", path: str = "packed", buckets: tuple[int, ...] | None = None):
+                 compile_backend: str = "inductor", path: str = "packed", buckets: tuple[int, ...] | None = None,
+                 color: str | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if path not in PATHS:
@@ -106,7 +173,9 @@ class Predictor:
             raise ValueError("backend 'aoti' runs the packed path only (the packages hold it)")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        self.backend, self.path = backend, path
+        if color is not None:
+            check_color(color)
+        self.backend, self.path, self.color = backend, path, color
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
@@ -126,9 +195,9 @@ class Predictor:
         self.batch_size = batch_size
         self.captures = 0  # CUDA graphs captured by this predictor
         self.warmup_seconds: dict[int, float] = {}  # per bucket, the last warmup's time (compile + capture)
-        self._static: dict[int, _Static] = {}
-        self._images: torch.Tensor | None = None  # static images [Bg,3,H,W] float32, shared by the buckets
-        self._pool = None
+        self._modes: dict[str, _Mode] = {}  # "images" and/or "frames"
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self._lo, self._hi = torch.empty(2), torch.empty(2)  # the host check's min and max, made once
         if backend == "aoti":
             self._init_aoti(packages)
         else:
@@ -147,14 +216,9 @@ class Predictor:
         self.dtype = dtype or next(model.parameters()).dtype
         cfg = model.cfg
         self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
-        self.manifest = None
-        fn = {"packed": model.forward_packed, "masked": model.forward_masked_core,
-              "dense": model.forward_dense_core}[self.path]
-        if self.backend in ("compile", "compile+graph"):
-            _raise_recompile_limit()
-            mode = self.compile_mode if self.compile_backend == "inductor" else None
-            fn = torch.compile(fn, dynamic=False, fullgraph=True, mode=mode, backend=self.compile_backend)
-        self._fn: Callable = fn
+        self.manifest, self.frame_packages = None, None
+        self._core = {"packed": model.forward_packed, "masked": model.forward_masked_core,
+                      "dense": model.forward_dense_core}[self.path]
 
     def _init_aoti(self, packages) -> None:
         if packages is None:
@@ -171,33 +235,95 @@ class Predictor:
         if self.batch_size is not None and self.batch_size != mb:
             raise ValueError(f"the packages were exported for batch size {mb}, not {self.batch_size}")
         self.batch_size = mb
+        frame = manifest.get("frame")
+        self.frame_packages = (tuple(frame["size"]), frame["color"]) if frame else None
+        if self.frame_packages and self.color is None:
+            self.color = self.frame_packages[1]
         self._runners = runners
-        self._fn = lambda images, points, k: self._runners[k](images, points)
+        self._core = lambda inputs, points, k: self._runners[k](inputs, points)
 
     @property
     def static_batch(self) -> bool:
         return self.backend != "eager"
 
+    def _compiled(self, fn: Callable) -> Callable:
+        if self.backend not in ("compile", "compile+graph"):
+            return fn
+        _raise_recompile_limit()
+        mode = self.compile_mode if self.compile_backend == "inductor" else None
+        return torch.compile(fn, dynamic=False, fullgraph=True, mode=mode, backend=self.compile_backend)
+
+    def _function(self, kind: str, size: tuple[int, int], color: str | None) -> Callable:
+        """fn(inputs, points, bucket) -> depth [Bg,bucket]: preprocessing + the core, one graph."""
+        core, model_size = self._core, self.image_size
+        if kind == "images" or self.frame_packages is not None:  # images, or packages that preprocess inside
+            return self._compiled(core)
+
+        def frames_fn(frames, points, k):
+            return core(frames_to_images(frames, model_size, color), scale_points(points, size, model_size), k)
+        return self._compiled(frames_fn)
+
+    def _mode(self, batch: Batch, color: str | None) -> _Mode:
+        """The static mode for this input kind and size: made on first use; a size change is an error."""
+        if batch.kind == "frames":
+            color = check_color(color or self.color)
+            if self.frame_packages is not None and (batch.size, color) != self.frame_packages:
+                (h, w), c = self.frame_packages
+                raise ValueError(f"the packages take {c} frames of {h}x{w} (HxW); got {color} frames of "
+                                 f"{batch.size[0]}x{batch.size[1]}: re-export with --frame-size for this camera")
+        elif self.frame_packages is not None:
+            raise ValueError("these packages take uint8 camera frames, not float images")
+        mode = self._modes.get(batch.kind)
+        if mode is not None:
+            if (mode.size, mode.color) != (batch.size, color if batch.kind == "frames" else None):
+                raise ValueError(f"this predictor's graphs take {mode.describe()}; got {batch.kind} "
+                                 f"{batch.size[0]}x{batch.size[1]}" + (f" {color}" if batch.kind == "frames" else "")
+                                 + ": make one Predictor per camera (frame size)")
+            return mode
+        if batch.kind == "images" and batch.size != self.image_size:
+            raise ValueError(f"images are {batch.size[0]}x{batch.size[1]} but backend {self.backend!r} runs "
+                             f"{self.image_size[0]}x{self.image_size[1]}; pass uint8 frames (resized inside) or "
+                             f"use backend 'eager'")
+        Bg = self.batch_size
+        h, w = batch.size
+        shape, dtype = ((Bg, h, w, 3), torch.uint8) if batch.kind == "frames" else ((Bg, 3, h, w), torch.float32)
+        inputs = _Staged(shape, dtype, self.device)
+        g = torch.Generator().manual_seed(0)
+        init = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) if dtype == torch.uint8 else torch.rand(shape, generator=g)
+        inputs.dev.copy_(init)
+        mode = _Mode(batch.kind, batch.size, color if batch.kind == "frames" else None, inputs,
+                     self._function(batch.kind, batch.size, color))
+        self._modes[batch.kind] = mode
+        return mode
+
     # ---- warmup ---------------------------------------------------------------------------------
-    def warmup(self, batch_size: int | None = None, buckets=None) -> dict[int, float]:
-        """Compile and/or capture every bucket (or the given ones) at batch_size; returns the seconds
-        each bucket took (compile + capture). The batch size is fixed from here on."""
+    def warmup(self, batch_size: int | None = None, buckets=None, frame_size: tuple[int, int] | None = None,
+               color: str | None = None) -> dict[int, float]:
+        """Compile and/or capture every bucket (or the given ones) at batch_size, for float images at
+        the model's size or, with frame_size=(h, w), for uint8 frames of that size; returns the seconds
+        each bucket took. The batch size (and the frame size) are fixed from here on."""
         bs = batch_size or self.batch_size or 1
-        if self._images is not None and bs != self.batch_size:
+        if self._modes and bs != self.batch_size:
             raise ValueError(f"this predictor is warmed up at batch size {self.batch_size}, not {bs}")
         self.batch_size = bs
         wanted = self.buckets if buckets is None else tuple(buckets)
         unknown = [k for k in wanted if k not in self.buckets]
         if unknown:
             raise ValueError(f"{unknown} are not buckets {self.buckets}")
-        self._ensure_images()
+        if frame_size is not None:
+            h, w = frame_size
+            probe = Batch("frames", torch.zeros(1, h, w, 3, dtype=torch.uint8), torch.zeros(1, 0, 2))
+        else:
+            probe = Batch("images", torch.zeros(1, 3, *self.image_size), torch.zeros(1, 0, 2))
+        mode = self._mode(probe, color)
         times = {}
         with torch.inference_mode():
             for k in sorted(wanted, reverse=True):  # largest first: the shared pool is sized by it
-                if k in self._static and (self._static[k].graph is not None or not self.graphs):
+                st = mode.buckets.get(k)
+                if st is not None and (st.graph is not None or not self.graphs):
                     continue
                 t0 = time.perf_counter()
-                self._prepare(k)
+                self._prepare(mode, k)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 times[k] = self.warmup_seconds[k] = time.perf_counter() - t0
@@ -205,97 +331,112 @@ class Predictor:
             save_compile_cache(self.cache_dir)
         return times
 
-    def _ensure_images(self) -> None:
-        if self._images is None:
-            H, W = self.image_size
-            g = torch.Generator().manual_seed(0)
-            self._images = torch.rand(self.batch_size, 3, H, W, generator=g).to(self.device)
-            if self.graphs:
-                self._pool = torch.cuda.graph_pool_handle()
-
-    def _prepare(self, k: int) -> _Static:
+    def _prepare(self, mode: _Mode, k: int) -> _Bucket:
         """Static points for bucket k (valid points), run the function (compiles), capture its graph."""
-        st = self._static.get(k)
+        st = mode.buckets.get(k)
         if st is None:
-            H, W = self.image_size
+            h, w = mode.size
             g = torch.Generator().manual_seed(k)
-            pts = torch.rand(self.batch_size, k, 2, generator=g) * torch.tensor([W - 1, H - 1])
-            st = self._static[k] = _Static(points=pts.to(self.device))
+            st = mode.buckets[k] = _Bucket(_Staged((self.batch_size, k, 2), torch.float32, self.device))
+            st.points.dev.copy_(torch.rand(self.batch_size, k, 2, generator=g) * torch.tensor([w - 1, h - 1]))
         if not self.graphs:
             for _ in range(2 if self.inductor_graphs else 1):  # reduce-overhead records on its 2nd call
-                self._call(k, st)
+                self._call(mode, k, st)
             return st
-        st.graph, st.out = capture(lambda: self._fn(self._images, st.points, k), pool=self._pool, device=self.device)
+        st.graph, st.out = capture(lambda: mode.fn(mode.inputs.dev, st.points.dev, k), pool=self._pool,
+                                   device=self.device)
         self.captures += 1
         return st
 
-    def _call(self, k: int, st: _Static) -> torch.Tensor:
+    def _call(self, mode: _Mode, k: int, st: _Bucket) -> torch.Tensor:
         if self.inductor_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return self._fn(self._images, st.points, k)
+        return mode.fn(mode.inputs.dev, st.points.dev, k)
 
     # ---- predict --------------------------------------------------------------------------------
-    def check(self, images, points) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shapes and dtypes always; values as the class docstring says. Returns float32 points."""
-        on_host = isinstance(images, torch.Tensor) and images.device.type == "cpu"
-        images = check_images(images, self.patch_size, check_values=self.validate and on_host)
-        points = as_points(points, batch=images.shape[0])
-        H, W = images.shape[-2:]
-        if self.static_batch and (H, W) != self.image_size:
-            raise ValueError(f"images are {H}x{W} but backend {self.backend!r} runs {self.image_size[0]}x"
-                             f"{self.image_size[1]}; resize them (depthpack.core.preprocess) or use backend 'eager'")
-        if self.validate:
-            check_points_in_image(points, H, W)  # on the host: a sync if points are on the device
-        return images, points
+    def predict(self, inputs, points, out: torch.Tensor | None = None, color: str | None = None) -> torch.Tensor:
+        """Depth [B,Q] float32 meters at each (x, y) point of each frame (or image).
 
-    def predict(self, images: torch.Tensor, points) -> torch.Tensor:
-        """Depth [B,Q] float32 meters at each (x, y) point, on self.device."""
-        return self._predict(images, points, replay=True)
+        inputs: uint8 frames [h,w,3] / [B,h,w,3] / a list of [h,w,3] (numpy or torch, any strides; channel
+        order `color`, default the predictor's), or float images [B,3,H,W] in [0,1]. points [B,Q,2]
+        (or [Q,2] with one frame) in the inputs' pixels. out: an optional [B,Q] float32 tensor to write
+        (on the device, or on the host: then the call waits for the result); by default a new tensor
+        on self.device."""
+        return self._predict(inputs, points, out, color, replay=True)
 
-    def predict_uncaptured(self, images: torch.Tensor, points) -> torch.Tensor:
+    def predict_uncaptured(self, inputs, points, out=None, color: str | None = None) -> torch.Tensor:
         """predict, calling the backend's function directly where predict would replay a captured
         graph: the same kernels one by one, for profilers that count them."""
-        return self._predict(images, points, replay=False)
+        return self._predict(inputs, points, out, color, replay=False)
 
-    def _predict(self, images, points, replay: bool) -> torch.Tensor:
-        images, points = self.check(images, points)
-        B, Q = points.shape[:2]
-        with torch.inference_mode():
+    def _predict(self, inputs, points, out, color, replay: bool) -> torch.Tensor:
+        batch = as_batch(inputs, points, self.patch_size, check_values=self.validate)
+        B, Q = batch.points.shape[:2]
+        if out is None:
             out = torch.empty(B, Q, device=self.device, dtype=torch.float32)
-            if Q == 0 or B == 0:
-                return out
+        elif out.shape != (B, Q) or out.dtype != torch.float32:
+            raise ValueError(f"out must be float32 [{B},{Q}], got {out.dtype} {list(out.shape)}")
+        if Q == 0 or B == 0:
+            return out
+        with torch.inference_mode():
             if not self.static_batch:
-                self._predict_eager(_pinned(images, self.device).to(self.device, non_blocking=True), points, out)
-                return out
-            if self._images is None:
-                self.warmup(batch_size=self.batch_size or B, buckets=())
-            Bg = self.batch_size
-            for b0 in range(0, B, Bg):
-                b1 = min(B, b0 + Bg)
-                self._images[: b1 - b0].copy_(_pinned(images[b0:b1], self.device), non_blocking=True)
-                for s, e, k in chunk_plan(Q, self.buckets):
-                    st = self._static.get(k)
-                    if st is None or (self.graphs and st.graph is None):
-                        self.warmup(buckets=(k,))  # first use of this bucket (not steady state)
-                        st = self._static[k]
-                    self._stage_points(st.points, points[b0:b1, s:e], k)
-                    if self.graphs and replay:
-                        st.graph.replay()
-                        res = st.out
-                    else:
-                        res = self._call(k, st)
-                    out[b0:b1, s:e].copy_(res[: b1 - b0, : e - s], non_blocking=True)
+                self._predict_eager(batch, color, out)
+            else:
+                if self.batch_size is None:
+                    self.batch_size = B
+                self._predict_static(batch, color, out, replay)
+            if out.device.type == "cpu" and self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
         return out
 
-    def _predict_eager(self, images: torch.Tensor, points: torch.Tensor, out: torch.Tensor) -> None:
-        for s, e, k in chunk_plan(points.shape[1], self.buckets):
-            buf = pad_points(points[:, s:e], k).to(self.device, non_blocking=True)
-            out[:, s:e] = self._fn(images, buf, k)[:, : e - s]
+    def _predict_static(self, batch: Batch, color, out: torch.Tensor, replay: bool) -> None:
+        mode = self._mode(batch, color)
+        h, w = mode.size
+        Bg, Q = self.batch_size, batch.points.shape[1]
+        host_points = batch.points.device.type == "cpu"
+        if self.validate and not host_points:
+            check_points_in_image(batch.points, h, w)  # on the host: a sync
+        for b0 in range(0, batch.points.shape[0], Bg):
+            n = min(batch.points.shape[0] - b0, Bg)
+            mode.inputs.load(batch.rows(b0, n), n)
+            for s, e, k in chunk_plan(Q, self.buckets):
+                st = mode.buckets.get(k)
+                if st is None or (self.graphs and st.graph is None):
+                    self.warmup(buckets=(k,), frame_size=mode.size if mode.kind == "frames" else None,
+                                color=mode.color)  # first use of this bucket (not steady state)
+                    st = mode.buckets[k]
+                staged = st.points.load_points(batch.points[b0:b0 + n, s:e], n)
+                if self.validate and host_points:
+                    self._check_staged(staged, h, w)
+                if self.graphs and replay:
+                    st.graph.replay()
+                    res = st.out
+                else:
+                    res = self._call(mode, k, st)
+                out[b0:b0 + n, s:e].copy_(res[:n, : e - s], non_blocking=True)
 
-    def _stage_points(self, dst: torch.Tensor, chunk: torch.Tensor, k: int) -> None:
-        """dst [Bg,K,2] <- chunk [b,q,2] padded to K (packing.pad_points; rows beyond b kept)."""
-        b = chunk.shape[0]
-        dst[:b].copy_(_pinned(pad_points(chunk, k), dst.device), non_blocking=True)
+    def _predict_eager(self, batch: Batch, color, out: torch.Tensor) -> None:
+        data = batch.stacked().to(self.device, non_blocking=True)
+        points = batch.points
+        if self.validate:
+            check_points_in_image(points, *batch.size)
+        points = points.to(self.device, non_blocking=True)
+        if batch.kind == "frames":
+            images = frames_to_images(data, self.image_size, check_color(color or self.color))
+            points = scale_points(points, batch.size, self.image_size)
+        else:
+            images = data
+        out.copy_(run_chunked(self._core, images, points, self.buckets), non_blocking=True)
+
+    def _check_staged(self, points: torch.Tensor, h: int, w: int) -> None:
+        """Points staged on the host: in [0,w) x [0,h) and finite, by a min/max into buffers made once
+        (NaN fails every comparison); the detailed message only when they are not."""
+        torch.amin(points, dim=(0, 1), out=self._lo)
+        torch.amax(points, dim=(0, 1), out=self._hi)
+        x0, y0, x1, y1 = self._lo.tolist() + self._hi.tolist()
+        if not (x0 >= 0 and y0 >= 0 and x1 < w and y1 < h):
+            check_points_in_image(points, h, w)
+            raise ValueError(f"points outside the {w}x{h} frame")  # the checks agree: not reached
 
     # ---- introspection --------------------------------------------------------------------------
     def bucket_for(self, q: int) -> int:
@@ -305,7 +446,8 @@ class Predictor:
     def describe(self) -> dict:
         return dict(backend=self.backend, path=self.path, device=str(self.device),
                     dtype=str(self.dtype).replace("torch.", ""), batch_size=self.batch_size, buckets=list(self.buckets),
-                    compile_mode=self.compile_mode, captures=self.captures,
+                    compile_mode=self.compile_mode, captures=self.captures, color=self.color,
+                    inputs=[m.describe() for m in self._modes.values()],
                     fused_embed=bool(getattr(self.model, "fused_embed", False)),
                     warmup_seconds={str(k): round(v, 3) for k, v in self.warmup_seconds.items()})
 
@@ -321,10 +463,3 @@ def _raise_recompile_limit(limit: int = 256) -> None:
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(cfg, name) and getattr(cfg, name) < limit:
             setattr(cfg, name, limit)
-
-
-def _pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU tensor headed for a GPU goes through pinned memory so the copy is asynchronous."""
-    if t.device.type == "cpu" and device.type == "cuda":
-        return t.pin_memory()
-    return t

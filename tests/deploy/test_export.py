@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = (8, 64)
 SPEC_KEYS = {"format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
              "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
-             "tolerance", "buckets", "onnx", "reference"}  # written out, independently of the contract module
+             "tolerance", "buckets", "onnx", "reference", "frame"}  # written out, independently of the contract module
 
 
 def _cli():
@@ -69,6 +69,7 @@ def test_manifest_keys_values_and_hashes(exported):
     assert m["tolerance"] == TOLERANCE["float32"]
     assert m["model_config"]["buckets"] == list(BUCKETS) and m["model_config"]["embed_dim"] == 64
     assert m["preprocess"]["scale"] == 1 / 255 and m["preprocess"]["normalize_inside"] is True
+    assert m["frame"] is None  # float images at the model's size
     assert [b["bucket"] for b in m["buckets"]] == list(BUCKETS)
     for b in m["buckets"]:
         k = b["bucket"]
@@ -331,7 +332,7 @@ def test_failed_reexport_leaves_the_previous_export(exported, tmp_path, monkeypa
     shutil.copytree(exported.out, d)
     before = {p.name: sha256_file(p) for p in d.iterdir()}
 
-    def broken(ep, path, configs=None):
+    def broken(ep, path, configs=None, metadata=None):
         raise ExportError("compiler exploded")
     monkeypatch.setattr(ex, "compile_package", broken)
     model = load_for_export(preset="tiny", seed=1)[0]
@@ -371,3 +372,74 @@ def test_reexport_killed_at_any_moment_leaves_a_complete_export(exported, tmp_pa
         seen.add(_verifies(d))
     assert old in seen and len(seen) == 2  # the killed runs left the old one; the last finished the new one
     assert not list(tmp_path.glob(".deployed.*"))  # stale staging folders were removed by the next export
+
+
+# ---- frame packages: camera frames in, preprocessing inside ------------------------------------------
+@pytest.fixture(scope="module")
+def exported_frames(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_frames") / "cam"
+    model, preset = load_for_export(preset="tiny", seed=0)
+    export(model, ExportOptions(out=str(out), buckets=(8,), onnx=True, frame_size=(48, 80), frame_format="bgr8"),
+           preset, log=lambda m: None)
+    return SimpleNamespace(out=out, model=model, manifest=read_manifest(out / "manifest.json"))
+
+
+def test_frame_packages_take_raw_frames(exported_frames):
+    from depthpack.deploy.package import PackedForward
+    from depthpack.runtime.predictor import Predictor
+
+    m, out = exported_frames.manifest, exported_frames.out
+    assert m["frame"] == {"size": [48, 80], "color": "bgr"}
+    assert m["buckets"][0]["inputs"][0] == {"name": "frames", "shape": [1, 48, 80, 3], "dtype": "uint8"}
+    ref = load_file(str(out / "reference.safetensors"))
+    assert ref["frames"].dtype == torch.uint8 and ref["frames"].shape == (1, 48, 80, 3)
+    # the reference's frame is reference.png's pixels in BGR order, its points the CSV's (frame pixels)
+    png = torch.from_numpy(np.ascontiguousarray(cv2_read_bgr(out / "reference.png")))
+    assert torch.equal(ref["frames"][0], png)
+    _, runners = load_runners(out / "manifest.json", "cpu")
+    g = torch.Generator().manual_seed(3)
+    frames = torch.randint(0, 256, (1, 48, 80, 3), dtype=torch.uint8, generator=g)
+    pts = torch.rand(1, 8, 2, generator=g) * torch.tensor([79.9, 47.9])
+    with torch.no_grad():
+        want = PackedForward(exported_frames.model, 8, m["frame"])(frames, pts)
+    torch.testing.assert_close(runners[8](frames, pts), want, atol=1e-4, rtol=1e-4)
+    # the Predictor over the packages equals the Predictor's own frame path (same preprocessing)
+    packaged = Predictor(None, device="cpu", backend="aoti", packages=str(out / "manifest.json"))
+    eager = Predictor(exported_frames.model, device="cpu", backend="eager", color="bgr", buckets=(8,))
+    frame = frames[0].numpy()
+    pts11 = pts[0, :5].numpy()
+    torch.testing.assert_close(packaged.predict(frame, pts11), eager.predict(frame, pts11), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="take bgr frames of 48x80.*got bgr frames of 64x64"):
+        packaged.predict(np.zeros((64, 64, 3), np.uint8), pts11)
+
+
+def test_frame_onnx_equals_eager(exported_frames):
+    import onnxruntime as ort
+
+    from depthpack.deploy.package import PackedForward
+
+    sess = ort.InferenceSession(str(exported_frames.out / "depthpack_k8.onnx"), providers=["CPUExecutionProvider"])
+    g = torch.Generator().manual_seed(4)
+    frames = torch.randint(0, 256, (1, 48, 80, 3), dtype=torch.uint8, generator=g)
+    pts = torch.rand(1, 8, 2, generator=g) * torch.tensor([79.9, 47.9])
+    got = sess.run(["depth"], {"frames": frames.numpy(), "points": pts.numpy()})[0]
+    with torch.no_grad():
+        want = PackedForward(exported_frames.model, 8, exported_frames.manifest["frame"])(frames, pts)
+    torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=1e-4)
+
+
+def test_package_named_for_another_bucket_is_refused(exported, tmp_path):
+    """An entry for bucket 8 naming the bucket-64 package, with that package's sha256 (and bucket 8's
+    shapes, so the manifest itself is consistent): the package's own metadata gives it away."""
+    d = tmp_path / "swapped"
+    shutil.copytree(exported.out, d)
+    m = json.loads((d / "manifest.json").read_text())
+    m["buckets"][0].update(file=m["buckets"][1]["file"], sha256=m["buckets"][1]["sha256"])
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="package of bucket 64.*manifest lists it for bucket 8"):
+        load_runners(d / "manifest.json", "cpu")
+
+
+def cv2_read_bgr(path):
+    import cv2
+    return cv2.imread(str(path), cv2.IMREAD_COLOR)
