@@ -21,10 +21,10 @@ struct Error : std::runtime_error {
 // contract: FORMAT
 inline constexpr const char* kFormat = "depthpack-manifest/2";
 // contract: REQUIRED_KEYS
-inline constexpr std::array<const char*, 17> kRequiredKeys = {
+inline constexpr std::array<const char*, 18> kRequiredKeys = {
     "format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
-    "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
-    "tolerance", "buckets", "reference"};
+    "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
+    "preprocess", "tolerance", "buckets", "reference"};
 // contract: BUCKET_KEYS
 inline constexpr std::array<const char*, 5> kBucketKeys = {"bucket", "file", "sha256", "inputs", "outputs"};
 
@@ -49,7 +49,8 @@ struct Manifest {
   std::string device, dtype, arch, torch_version;
   std::optional<std::string> capability;  // CUDA compute capability such as "9.0"
   double atol = 0, rtol = 0;              // |package - eager| <= atol + rtol |eager|
-  int64_t frame_h = 0, frame_w = 0;       // frame packages: the raw frame size they take ("frame")
+  int64_t frame_h = 0, frame_w = 0;       // frame packages: the raw frame size they take ("frame";
+                                          // null for packages that take images)
   bool frame_bgr = true;                  //   and its channel order
   std::optional<float> focal_default;     // "focal": {"default": f}
   std::vector<Bucket> buckets;            // ascending capacity; the same inputs but "points" in each

@@ -55,7 +55,7 @@ std::string metadata_mismatch(const std::unordered_map<std::string, std::string>
     return "holds code for " + *dev + ", the manifest says " + m.device;
   const std::string *bucket = get("depthpack.bucket"), *inputs = get("depthpack.inputs");
   if (!bucket || !inputs)
-    return kRequirePackageMetadata ? "has no depthpack.bucket / depthpack.inputs metadata (an older export): re-export it" : "";
+    return "has no depthpack.bucket / depthpack.inputs metadata (an older export): re-export it with this depthpack";
   if (*bucket != std::to_string(b.capacity))
     return "was built for bucket " + *bucket + ", the manifest lists it as bucket " + std::to_string(b.capacity) +
            " (a wrong bucket-to-file mapping; re-export)";

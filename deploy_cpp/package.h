@@ -17,14 +17,12 @@
 
 namespace depthpack::detail {
 
-// Packages written before the exporter stored "depthpack.bucket" / "depthpack.inputs" in their
-// metadata are refused ("re-export") once this is true; until then only a mismatch is refused.
-inline constexpr bool kRequirePackageMetadata = false;
-
 // The device of the packages, after checking that this build and machine can run them.
 c10::Device pick_device(const Manifest& m, int device_index);
 
-// "" when a package's metadata agrees with its manifest entry, else what differs.
+// "" when a package's own metadata agrees with its manifest entry, else what differs: its device,
+// "depthpack.bucket" and "depthpack.inputs" (contract.PACKAGE_BUCKET / PACKAGE_INPUTS; a package
+// without them is an older export: "re-export").
 std::string metadata_mismatch(const std::unordered_map<std::string, std::string>& meta, const Manifest& m,
                               const Bucket& b);
 

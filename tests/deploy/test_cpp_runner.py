@@ -51,9 +51,13 @@ def build_runner(build_dir: Path, *cmake_args: str, target: str | None = None) -
     return build_dir / "depthpack_run"
 
 
-def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None) -> subprocess.Popen:
+FRAME = (80, 96)  # (h, w) of the frame packages' camera frames
+
+
+def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None, frame: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, ROOT / "export" / "export.py", "--preset", "tiny", "--out", out, "--device", device,
-           "--buckets", ",".join(map(str, BUCKETS))] + (["--cpp-runner", cpp_runner] if cpp_runner else [])
+           "--buckets", ",".join(map(str, BUCKETS))] + (["--cpp-runner", cpp_runner] if cpp_runner else []) + \
+          (["--frame-size", f"{FRAME[1]}x{FRAME[0]}", "--frame-format", "bgr8"] if frame else [])
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -64,12 +68,14 @@ def finish_export(proc: subprocess.Popen, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> tuple[Path, Path]:
-    """(runner binary, tiny CPU export folder): the export runs while the runner compiles.
+def built(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(runner binary, tiny CPU export, the same as frame packages): the exports run while the
+    runner compiles.
 
     With a CUDA build of torch 2.11, loading any package from Python segfaults (depthpack.runtime.aoti), so
-    there the runner is built first and the export's self-check runs on it."""
-    out = tmp_path_factory.mktemp("export") / "tiny"
+    there the runner is built first and the exports' self-checks run on it."""
+    root = tmp_path_factory.mktemp("export")
+    out, frames_out = root / "tiny", root / "tiny_frames"
     def get_runner() -> Path:
         if os.environ.get("DEPTHPACK_RUN"):
             return Path(os.environ["DEPTHPACK_RUN"])
@@ -77,13 +83,14 @@ def built(tmp_path_factory) -> tuple[Path, Path]:
         return build_runner(Path(build) if build else tmp_path_factory.mktemp("cpp") / "build")
     if torch.version.cuda and torch.__version__.startswith("2.11"):
         runner = get_runner()
-        return runner, finish_export(start_export(out, cpp_runner=runner), out)
-    export = start_export(out)
+        exports = [start_export(out, cpp_runner=runner), start_export(frames_out, cpp_runner=runner, frame=True)]
+        return runner, finish_export(exports[0], out), finish_export(exports[1], frames_out)
+    exports = [start_export(out), start_export(frames_out, frame=True)]
     try:
         runner = get_runner()
     finally:
-        exported = finish_export(export, out)
-    return runner, exported
+        done = [finish_export(exports[0], out), finish_export(exports[1], frames_out)]
+    return runner, *done
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +101,12 @@ def runner(built) -> Path:
 @pytest.fixture(scope="module")
 def exported(built) -> Path:
     return built[1]
+
+
+@pytest.fixture(scope="module")
+def frames_exported(built) -> Path:
+    """Packages that take uint8 BGR frames of FRAME's size and preprocess inside (manifest "frame")."""
+    return built[2]
 
 
 @pytest.fixture(scope="module")
@@ -117,17 +130,35 @@ def python_depth():
     return depth
 
 
+@pytest.fixture(scope="module")
+def python_frame_depth():
+    """Python's answer for the frame packages: their exported function (preprocessing inside), eager,
+    chunked like the runner; frames uint8 BGR [B,h,w,3], points [B,Q,2] in frame pixels."""
+    from depthpack.core.packing import run_chunked
+    from depthpack.deploy.export import load_for_export
+    from depthpack.deploy.package import PackedForward
+
+    model, _ = load_for_export(None, "tiny", 0)
+    frame = {"size": list(FRAME), "color": "bgr"}
+
+    def depth(frames: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return run_chunked(lambda x, p, k: PackedForward(model, k, frame)(x, p), frames, points, BUCKETS)
+    return depth
+
+
 def model_input(bgr: np.ndarray, size) -> torch.Tensor:
-    """The one preprocessing (depthpack/core/preprocess.py): uint8 BGR [h,w,3] -> float32 RGB
-    [1,3,H,W] in [0,1]: bilinear resize of the float32 frame (align_corners=False, no antialias), / 255."""
-    x = torch.from_numpy(np.ascontiguousarray(bgr[..., ::-1])).permute(2, 0, 1).float()[None]
-    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False) / 255
+    """The one preprocessing, depthpack.core.preprocess: uint8 BGR [h,w,3] -> float32 RGB [1,3,H,W]."""
+    from depthpack.core.preprocess import frames_to_images
+
+    return frames_to_images(torch.from_numpy(np.ascontiguousarray(bgr))[None], tuple(size), "bgr")
 
 
 def frame_depth(python_depth, bgr: np.ndarray, pts, size) -> np.ndarray:
-    """Python's depths at points (x, y) in the frame's pixels, scaled by (W/w, H/h) in float32."""
-    (h, w), (H, W) = bgr.shape[:2], size
-    xy = torch.from_numpy(np.asarray(pts, np.float32)) * torch.tensor([W / w, H / h], dtype=torch.float32)
+    """Python's depths at points (x, y) in the frame's pixels (preprocess.scale_points to the model's)."""
+    from depthpack.core.preprocess import scale_points
+
+    xy = scale_points(np.asarray(pts, np.float32), bgr.shape[:2], tuple(size))
     return python_depth(model_input(bgr, size), xy[None])[0].numpy()
 
 
@@ -314,8 +345,9 @@ def _corrupt_with_sha(d: Path) -> None:
 
 
 def _set_metadata(pt2: Path, meta: dict) -> str:
-    """Add keys to a package's own metadata (the file Inductor's aot_inductor.metadata config writes,
-    which AOTIModelPackageLoader::get_metadata reads); returns the package's new sha256."""
+    """Set (or, with None, remove) keys of a package's own metadata (the file Inductor's
+    aot_inductor.metadata config writes, which AOTIModelPackageLoader::get_metadata reads); returns
+    the package's new sha256."""
     import hashlib
     import zipfile
 
@@ -324,15 +356,16 @@ def _set_metadata(pt2: Path, meta: dict) -> str:
         for item in zin.infolist():
             data = zin.read(item.filename)
             if item.filename.endswith("_metadata.json"):
-                data = json.dumps({**json.loads(data), **meta}).encode()
+                merged = {**json.loads(data), **meta}
+                data = json.dumps({k: v for k, v in merged.items() if v is not None}).encode()
             zout.writestr(item, data)
     tmp.replace(pt2)
     return hashlib.sha256(pt2.read_bytes()).hexdigest()
 
 
 def _with_package_metadata(d: Path, fn=lambda m: None) -> None:
-    """Each package gets depthpack.bucket / depthpack.inputs (as the exporter on main writes them),
-    then fn edits the manifest."""
+    """Each package's depthpack.bucket / depthpack.inputs written anew (what the exporter writes; the
+    rewrite changes the package's bytes), then fn edits the manifest."""
     def edit(m):
         for b in m["buckets"]:
             b["sha256"] = _set_metadata(d / b["file"], {"depthpack.bucket": str(b["bucket"]),
@@ -417,13 +450,16 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     # the bucket-to-file mapping, held to each package's own metadata
     "bucket 8 names the k16 package": (lambda d: _with_package_metadata(d, _swap_bucket_8_to_k16), "x,y\n1,2\n3,4\n", [],
                                        ["depthpack_k16.pt2", "built for bucket 16", "as bucket 8"]),
+    "package without metadata": (lambda d: _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=_set_metadata(
+        d / "depthpack_k16.pt2", {"depthpack.bucket": None, "depthpack.inputs": None}))), None, [],
+        ["depthpack_k16.pt2", "no depthpack.bucket / depthpack.inputs metadata", "re-export"]),
     "package inputs metadata": (lambda d: _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=_set_metadata(
         d / "depthpack_k16.pt2", {"depthpack.bucket": "16", "depthpack.inputs": json.dumps(m["buckets"][0]["inputs"])}))),
         None, [], ["depthpack_k16.pt2", "takes inputs", "points float32 [1,8,2]", "for bucket 16"]),
     # frame packages, focal
     "frame of another size": (lambda d: (_raw_frames(d), _edit_manifest(d, _as_frame_package)), None,
                               ["--raw", lambda d: d / "frames.raw", "--frame-size", "64x64"], ["frame is 64x64", "take 40x48 frames"]),
-    "frames without frame key": (lambda d: _edit_manifest(d, lambda m: (_as_frame_package(m), m.pop("frame"))), None, [], ['"frames" needs', '"frame"']),
+    "frames with frame null": (lambda d: _edit_manifest(d, lambda m: (_as_frame_package(m), m.update(frame=None))), None, [], ['"frames" needs', '"frame"']),
     "focal missing": (lambda d: _edit_manifest(d, _with_focal), None, [], ["take a focal length", "--focal"]),
     "focal not taken": (None, None, ["--focal", "500"], ['no "focal" input']),
     "focal not positive": (lambda d: _edit_manifest(d, lambda m: _with_focal(m, 500.0)), None, ["--focal", "-3"], ["focal length -3", "positive"]),
@@ -631,6 +667,69 @@ def test_video_frames_equal_python(runner, exported, python_depth, tmp_path):
                "--out", tmp_path / "o.csv")
     assert proc.returncode == 1
     assert "header says 6 frames" in proc.stderr and proc.stderr.strip().endswith("frames skipped (named above)"), proc.stderr
+
+
+# ---- frame packages: uint8 frames in, preprocessing inside the package ------------------------------------
+def test_frame_packages_check_reference(runner, frames_exported):
+    m = manifest_of(frames_exported)
+    assert m["frame"] == {"size": list(FRAME), "color": "bgr"} and m["buckets"][0]["inputs"][0]["name"] == "frames"
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--check", frames_exported / "reference.safetensors")
+    assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
+
+
+def test_frame_packages_raw_frames_equal_python(runner, frames_exported, python_frame_depth, tmp_path):
+    """Raw frames straight into the packages: the package's own function, eager, within 1e-5 m;
+    20 points: chunks of 16 + 4; no buffer after the first frame."""
+    frames = noise_frames(4, *FRAME, seed=3)
+    frames.tofile(tmp_path / "f.raw")
+    pts = frame_points(*FRAME, 20)
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--raw", tmp_path / "f.raw",
+               "--frame-size", f"{FRAME[1]}x{FRAME[0]}", "--points", write_csv(tmp_path / "p.csv", pts), "--out", tmp_path / "o.csv")
+    assert proc.returncode == 0, proc.stderr
+    out = read_frames_out(tmp_path / "o.csv")
+    want = python_frame_depth(torch.from_numpy(frames), torch.from_numpy(pts.astype(np.float32))[None].repeat(4, 1, 1)).numpy()
+    for i in range(4):
+        assert np.abs(out[out[:, 0] == i, 3] - want[i]).max() < 1e-5
+    rep = loop_report(proc.stderr)
+    assert rep["frames"] == "4" and rep["buffers_first"] == rep["buffers_end"], rep
+
+
+def test_frame_packages_image_file(runner, frames_exported, tmp_path):
+    """reference.png is a frame of the packages' size: decoded, handed over as it is; row 0 of the
+    reference's depth (computed by the exporter from the same PNG)."""
+    if not has_opencv(runner, frames_exported):
+        pytest.skip("runner built without OpenCV")
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--image", frames_exported / "reference.png",
+               "--points", frames_exported / "reference_points.csv", "--out", tmp_path / "d.csv")
+    assert proc.returncode == 0, proc.stderr
+    ref = load_file(str(frames_exported / "reference.safetensors"))
+    assert_close(read_out(tmp_path / "d.csv")[:, 2], ref["depth"][0].numpy(), *tolerance(frames_exported))
+
+
+def test_frame_packages_refuse_another_frame_size(runner, frames_exported, tmp_path):
+    noise_frames(1, 48, 64).tofile(tmp_path / "f.raw")
+    (tmp_path / "p.csv").write_text("x,y\n3,4\n")
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", "64x48",
+               "--points", tmp_path / "p.csv")
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1 and proc.stdout == "", proc.stderr
+    assert "the frame is 64x48 but the packages take 96x80 frames" in err[0]
+
+
+@pytest.mark.parametrize("packages", ["images", "frames"])
+def test_robot_loop_rgb_frames(runner, example, exported, frames_exported, tmp_path, packages):
+    """The same frames handed over as rgb8 (Order::RGB) give the bgr8 depths, for packages that take
+    images (the runner converts) and frames in BGR order (the runner swaps the channels)."""
+    d = exported if packages == "images" else frames_exported
+    frames = noise_frames(2, *FRAME, seed=9)
+    frames.tofile(tmp_path / "bgr.raw")
+    np.ascontiguousarray(frames[..., ::-1]).tofile(tmp_path / "rgb.raw")
+    size = f"{FRAME[1]}x{FRAME[0]}"
+    bgr, rgb = run(example, d / "manifest.json", tmp_path / "bgr.raw", size), run(example, d / "manifest.json", tmp_path / "rgb.raw", size, "rgb")
+    assert bgr.returncode == rgb.returncode == 0, bgr.stderr + rgb.stderr
+    assert bgr.stdout == rgb.stdout and len(bgr.stdout.splitlines()) == 2
+    swapped = run(example, d / "manifest.json", tmp_path / "rgb.raw", size)  # the channel order matters
+    assert swapped.stdout != bgr.stdout
 
 
 def test_robot_loop_example_gives_the_clis_depths(runner, example, exported, tmp_path):
