@@ -938,6 +938,37 @@ def test_cuda_raw_frames(runner, example, cuda_exported, python_depth, tmp_path)
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 20, proc.stderr
 
 
+@pytest.fixture(scope="module")
+def cuda_frames_exported(runner, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cuda") / "tiny_cuda_frames"
+    return finish_export(start_export(out, device="cuda", cpp_runner=runner, frame=True), out)
+
+
+@pytest.mark.gpu
+def test_cuda_frame_packages(runner, cuda_frames_exported, python_frame_depth, tmp_path):
+    """Frame packages on CUDA: raw frames copied into the graphs' shared uint8 input; --check OK,
+    graph equals --no-graph, Python's function within the manifest's tolerance, no new buffers."""
+    d = cuda_frames_exported
+    proc = run(runner, "--manifest", d / "manifest.json", "--check", d / "reference.safetensors")
+    assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
+    frames = noise_frames(10, *FRAME, seed=4)
+    frames.tofile(tmp_path / "f.raw")
+    pts = frame_points(*FRAME, 20)
+    outs = {}
+    for flag in ([], ["--no-graph"]):
+        proc = run(runner, "--manifest", d / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", f"{FRAME[1]}x{FRAME[0]}",
+                   "--points", write_csv(tmp_path / "p.csv", pts), "--out", tmp_path / "o.csv", *flag)
+        assert proc.returncode == 0, proc.stderr
+        rep = loop_report(proc.stderr)
+        assert rep["graph"] == ("0" if flag else "1") and rep["buffers_first"] == rep["buffers_end"], rep
+        outs[bool(flag)] = read_frames_out(tmp_path / "o.csv")
+        print(proc.stderr.strip().splitlines()[-1])
+    np.testing.assert_array_equal(outs[True], outs[False])
+    want = python_frame_depth(torch.from_numpy(frames), torch.from_numpy(pts.astype(np.float32))[None].repeat(10, 1, 1)).numpy()
+    for i in (0, 9):
+        assert_close(outs[False][outs[False][:, 0] == i, 3], want[i], *tolerance(d))
+
+
 # ---- the header-only helpers (no libtorch: a few seconds) ---------------------------------------------
 HELPERS_MAIN = r'''
 #include "mini_json.h"
