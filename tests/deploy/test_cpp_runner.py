@@ -1,14 +1,18 @@
-"""The C++ runner (deploy_cpp/depthpack_run) against Python, on the CPU.
+"""The C++ runner (deploy_cpp: the depthpack library, depthpack_run, robot_loop) against Python, on the CPU.
 
-Builds the runner with CMake against the libtorch of the installed wheel (about a minute on 2 cores;
-DEPTHPACK_RUN=/path/to/depthpack_run skips the build), exports the tiny preset with
+Builds deploy_cpp with CMake against the libtorch of the installed wheel (about a minute on 2 cores;
+DEPTHPACK_BUILD=DIR builds into (and reuses) DIR; DEPTHPACK_RUN=/path/to/depthpack_run skips the
+build, robot_loop is then taken from the same folder), exports the tiny preset with
 export/export.py (buckets 8 and 16, so that every chunking case is cheap), and checks that:
+  - the marked lists of deploy_cpp/manifest.h are depthpack.deploy.contract's;
   - `--check reference.safetensors` passes and the runner's depths equal Python's eager packed
     forward (chunked by the same rule) within the manifest's tolerance, for Q below, at and above
     the bucket sizes, including Q > the largest bucket (chunks);
-  - an image file (reference.png, resized and with scaled points) gives Python's answer, when the
-    runner was built with OpenCV;
-  - every bad input is one line on stderr and exit code 1.
+  - image files and frames (raw, a folder, a video) go through Python's one preprocessing
+    (bilinear resize of float32 RGB, not cv::resize), a corrupt frame is named and skipped;
+  - robot_loop, the example that links the library, gives the CLI's depths;
+  - a build without OpenCV still builds and runs raw frames;
+  - every bad input is one line on stderr and exit code 1, and nothing hangs.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,22 +38,26 @@ def run(runner: Path, *args, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(runner), *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
-def build_runner(build_dir: Path) -> Path:
+def build_runner(build_dir: Path, *cmake_args: str, target: str | None = None) -> Path:
     """Configure and build deploy_cpp into build_dir; a failed build fails the tests with CMake's words."""
     if shutil.which("cmake") is None:
         pytest.fail("cmake is not installed (apt-get install cmake)")
     prefix = torch.utils.cmake_prefix_path
-    for cmd in (["cmake", "-S", ROOT / "deploy_cpp", "-B", build_dir, f"-DCMAKE_PREFIX_PATH={prefix}"],
-                ["cmake", "--build", build_dir, "-j", str(min(4, os.cpu_count() or 1))]):
+    for cmd in (["cmake", "-S", ROOT / "deploy_cpp", "-B", build_dir, f"-DCMAKE_PREFIX_PATH={prefix}", *cmake_args],
+                ["cmake", "--build", build_dir, "-j", str(min(4, os.cpu_count() or 1)), *(["--target", target] if target else [])]):
         proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900)
         if proc.returncode:
             pytest.fail(f"{' '.join(map(str, cmd[:2]))} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     return build_dir / "depthpack_run"
 
 
-def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None) -> subprocess.Popen:
+FRAME = (80, 96)  # (h, w) of the frame packages' camera frames
+
+
+def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None, frame: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, ROOT / "export" / "export.py", "--preset", "tiny", "--out", out, "--device", device,
-           "--buckets", ",".join(map(str, BUCKETS))] + (["--cpp-runner", cpp_runner] if cpp_runner else [])
+           "--buckets", ",".join(map(str, BUCKETS))] + (["--cpp-runner", cpp_runner] if cpp_runner else []) + \
+          (["--frame-size", f"{FRAME[1]}x{FRAME[0]}", "--frame-format", "bgr8"] if frame else [])
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -59,24 +68,29 @@ def finish_export(proc: subprocess.Popen, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> tuple[Path, Path]:
-    """(runner binary, tiny CPU export folder): the export runs while the runner compiles.
+def built(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(runner binary, tiny CPU export, the same as frame packages): the exports run while the
+    runner compiles.
 
     With a CUDA build of torch 2.11, loading any package from Python segfaults (depthpack.runtime.aoti), so
-    there the runner is built first and the export's self-check runs on it."""
-    out = tmp_path_factory.mktemp("export") / "tiny"
+    there the runner is built first and the exports' self-checks run on it."""
+    root = tmp_path_factory.mktemp("export")
+    out, frames_out = root / "tiny", root / "tiny_frames"
     def get_runner() -> Path:
-        return Path(os.environ["DEPTHPACK_RUN"]) if os.environ.get("DEPTHPACK_RUN") else \
-            build_runner(tmp_path_factory.mktemp("cpp") / "build")
+        if os.environ.get("DEPTHPACK_RUN"):
+            return Path(os.environ["DEPTHPACK_RUN"])
+        build = os.environ.get("DEPTHPACK_BUILD")
+        return build_runner(Path(build) if build else tmp_path_factory.mktemp("cpp") / "build")
     if torch.version.cuda and torch.__version__.startswith("2.11"):
         runner = get_runner()
-        return runner, finish_export(start_export(out, cpp_runner=runner), out)
-    export = start_export(out)
+        exports = [start_export(out, cpp_runner=runner), start_export(frames_out, cpp_runner=runner, frame=True)]
+        return runner, finish_export(exports[0], out), finish_export(exports[1], frames_out)
+    exports = [start_export(out), start_export(frames_out, frame=True)]
     try:
         runner = get_runner()
     finally:
-        exported = finish_export(export, out)
-    return runner, exported
+        done = [finish_export(exports[0], out), finish_export(exports[1], frames_out)]
+    return runner, *done
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +101,19 @@ def runner(built) -> Path:
 @pytest.fixture(scope="module")
 def exported(built) -> Path:
     return built[1]
+
+
+@pytest.fixture(scope="module")
+def frames_exported(built) -> Path:
+    """Packages that take uint8 BGR frames of FRAME's size and preprocess inside (manifest "frame")."""
+    return built[2]
+
+
+@pytest.fixture(scope="module")
+def example(runner) -> Path:
+    path = runner.parent / "robot_loop"
+    assert path.exists(), f"{path}: the example robot_loop is built beside depthpack_run"
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +128,63 @@ def python_depth():
         with torch.no_grad():
             return run_chunked(model.forward_packed, images, points, BUCKETS)
     return depth
+
+
+@pytest.fixture(scope="module")
+def python_frame_depth():
+    """Python's answer for the frame packages: their exported function (preprocessing inside), eager,
+    chunked like the runner; frames uint8 BGR [B,h,w,3], points [B,Q,2] in frame pixels."""
+    from depthpack.core.packing import run_chunked
+    from depthpack.deploy.export import load_for_export
+    from depthpack.deploy.package import PackedForward
+
+    model, _ = load_for_export(None, "tiny", 0)
+    frame = {"size": list(FRAME), "color": "bgr"}
+
+    def depth(frames: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return run_chunked(lambda x, p, k: PackedForward(model, k, frame)(x, p), frames, points, BUCKETS)
+    return depth
+
+
+def model_input(bgr: np.ndarray, size) -> torch.Tensor:
+    """The one preprocessing, depthpack.core.preprocess: uint8 BGR [h,w,3] -> float32 RGB [1,3,H,W]."""
+    from depthpack.core.preprocess import frames_to_images
+
+    return frames_to_images(torch.from_numpy(np.ascontiguousarray(bgr))[None], tuple(size), "bgr")
+
+
+def frame_depth(python_depth, bgr: np.ndarray, pts, size) -> np.ndarray:
+    """Python's depths at points (x, y) in the frame's pixels (preprocess.scale_points to the model's)."""
+    from depthpack.core.preprocess import scale_points
+
+    xy = scale_points(np.asarray(pts, np.float32), bgr.shape[:2], tuple(size))
+    return python_depth(model_input(bgr, size), xy[None])[0].numpy()
+
+
+def noise_frames(n: int, h: int = 80, w: int = 96, seed: int = 0) -> np.ndarray:
+    """uint8 BGR frames [n,h,w,3]: smooth noise, so that depths vary and resizing matters."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (n, h // 8 + 1, w // 8 + 1, 3)).astype(np.float32)
+    fine = rng.normal(0, 24, (n, h, w, 3))
+    up = torch.nn.functional.interpolate(torch.from_numpy(coarse).permute(0, 3, 1, 2), size=(h, w), mode="bilinear")
+    return np.clip(up.permute(0, 2, 3, 1).numpy() + fine, 0, 255).astype(np.uint8)
+
+
+def frame_points(h: int, w: int, n: int = 20, seed: int = 1) -> np.ndarray:
+    pts = np.random.default_rng(seed).uniform(0, 1, (n, 2)) * [w - 1e-3, h - 1e-3]
+    return np.asarray(pts, np.float32).astype(np.float64)  # exactly representable as float32
+
+
+def read_frames_out(path: Path) -> np.ndarray:
+    text = path.read_text().splitlines()
+    assert text[0] == "frame,x,y,depth"
+    return np.array([[float(v) for v in line.split(",")] for line in text[1:]]).reshape(-1, 4)
+
+
+def loop_report(stderr: str) -> dict:
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("frames "))
+    return dict(kv.split("=") for kv in line.split()[1:])
 
 
 def manifest_of(d: Path) -> dict:
@@ -181,22 +265,43 @@ def test_depths_equal_python(runner, exported, python_depth, tmp_path, q):
 
 
 def test_image_file_equals_python(runner, exported, python_depth, tmp_path):
-    """reference.png is larger than the model: OpenCV decode + resize + point scaling, as preprocess.py."""
+    """reference.png is larger than the model: OpenCV decode, Python's resize, point scaling."""
     if not has_opencv(runner, exported):
-        pytest.skip("runner built without OpenCV (apt-get install libopencv-imgcodecs-dev libopencv-imgproc-dev)")
-    from depthpack.core.preprocess import load_image, scale_points
+        pytest.skip("runner built without OpenCV (apt-get install libopencv-imgcodecs-dev)")
+    import cv2
 
-    H, W = manifest_of(exported)["image_size"]
-    image, orig = load_image(exported / "reference.png", (H, W))
+    size = manifest_of(exported)["image_size"]
+    bgr = cv2.imread(str(exported / "reference.png"), cv2.IMREAD_COLOR)
     pts0 = np.loadtxt(exported / "reference_points.csv", delimiter=",", skiprows=1, dtype=np.float64)
-    assert orig != (H, W)  # the resize path is exercised
+    assert bgr.shape[:2] != tuple(size)  # the resize path is exercised
     proc = run(runner, "--manifest", exported / "manifest.json", "--image", exported / "reference.png",
                "--points", exported / "reference_points.csv", "--out", tmp_path / "depth.csv")
     assert proc.returncode == 0, proc.stderr
     out = read_out(tmp_path / "depth.csv")
     np.testing.assert_array_equal(out[:, :2], pts0)  # original coordinates, input order
-    want = python_depth(image[None], scale_points(pts0, orig, (H, W))[None])[0].numpy()
-    assert_close(out[:, 2], want, *tolerance(exported))
+    assert_close(out[:, 2], frame_depth(python_depth, bgr, pts0, size), *tolerance(exported))
+
+
+def test_preprocessing_is_pythons_bilinear_not_cv_resize(runner, exported, python_depth, tmp_path):
+    """A noisy 97x83 PNG: the runner's depths equal Python's preprocessing (float32 bilinear resize)
+    to float32 rounding, and the test can tell: cv::resize's uint8 rounding moves them 100x more."""
+    if not has_opencv(runner, exported):
+        pytest.skip("runner built without OpenCV")
+    import cv2
+
+    size = manifest_of(exported)["image_size"]
+    bgr = noise_frames(1, 83, 97, seed=5)[0]
+    cv2.imwrite(str(tmp_path / "noise.png"), bgr)
+    pts = frame_points(83, 97, 24)
+    proc = run(runner, "--manifest", exported / "manifest.json", "--image", tmp_path / "noise.png",
+               "--points", write_csv(tmp_path / "p.csv", pts), "--out", tmp_path / "d.csv")
+    assert proc.returncode == 0, proc.stderr
+    got, want = read_out(tmp_path / "d.csv")[:, 2], frame_depth(python_depth, bgr, pts, size)
+    resized = cv2.resize(bgr[..., ::-1], (size[1], size[0]), interpolation=cv2.INTER_LINEAR)  # uint8 RGB
+    old = python_depth(torch.from_numpy(np.ascontiguousarray(resized.transpose(2, 0, 1))).float()[None] / 255,
+                       torch.from_numpy(pts.astype(np.float32))[None] * torch.tensor([size[1] / 97, size[0] / 83]))[0].numpy()
+    assert np.abs(got - want).max() < 1e-5
+    assert np.abs(old - want).max() > 1e-4
 
 
 def test_empty_points_give_an_empty_result(runner, exported, tmp_path):
@@ -239,7 +344,75 @@ def _corrupt_with_sha(d: Path) -> None:
     _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=sha))
 
 
-ERRORS = {  # name: (edit of a copy of the export dir, points CSV text or None, extra args, expected words)
+def _set_metadata(pt2: Path, meta: dict) -> str:
+    """Set (or, with None, remove) keys of a package's own metadata (the file Inductor's
+    aot_inductor.metadata config writes, which AOTIModelPackageLoader::get_metadata reads); returns
+    the package's new sha256."""
+    import hashlib
+    import zipfile
+
+    tmp = pt2.with_suffix(".tmp")
+    with zipfile.ZipFile(pt2) as zin, zipfile.ZipFile(tmp, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("_metadata.json"):
+                merged = {**json.loads(data), **meta}
+                data = json.dumps({k: v for k, v in merged.items() if v is not None}).encode()
+            zout.writestr(item, data)
+    tmp.replace(pt2)
+    return hashlib.sha256(pt2.read_bytes()).hexdigest()
+
+
+def _with_package_metadata(d: Path, fn=lambda m: None) -> None:
+    """Each package's depthpack.bucket / depthpack.inputs written anew (what the exporter writes; the
+    rewrite changes the package's bytes), then fn edits the manifest."""
+    def edit(m):
+        for b in m["buckets"]:
+            b["sha256"] = _set_metadata(d / b["file"], {"depthpack.bucket": str(b["bucket"]),
+                                                        "depthpack.inputs": json.dumps(b["inputs"])})
+        fn(m)
+    _edit_manifest(d, edit)
+
+
+def _swap_bucket_8_to_k16(m: dict) -> None:
+    """The entry of bucket 8 names the bucket-16 package, with its sha256 and bucket 8's shapes."""
+    m["buckets"][0].update(file=m["buckets"][1]["file"], sha256=m["buckets"][1]["sha256"])
+
+
+def _as_frame_package(m: dict, size=(48, 40), color="bgr") -> None:
+    """A manifest of packages that take raw frames uint8 [B,h,w,3] (never loaded by these tests)."""
+    m["frame"] = {"size": list(size), "color": color}
+    for b in m["buckets"]:
+        b["inputs"][0] = {"name": "frames", "shape": [m["batch_size"], *size, 3], "dtype": "uint8"}
+
+
+def _with_focal(m: dict, default=None) -> None:
+    m["focal"] = {"default": default}
+    for b in m["buckets"]:
+        b["inputs"].append({"name": "focal", "shape": [m["batch_size"]], "dtype": "float32"})
+
+
+def _bad_images(d: Path, n_nan: int = 0, n_out: int = 0) -> None:
+    from safetensors.torch import save_file
+
+    ref = load_file(str(d / "reference.safetensors"))
+    img = ref["images"].clone()
+    img.view(-1)[:n_nan] = float("nan")
+    img.view(-1)[n_nan:n_nan + n_out] = 1.5
+    save_file({"images": img}, str(d / "bad.safetensors"))
+
+
+def _raw_frames(d: Path, h: int = 64, w: int = 64) -> None:
+    noise_frames(2, h, w).tofile(d / "frames.raw")
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+DEFAULT_PTS = "x,y\n" + "\n".join(f"{i}.5,{2 * i}.25" for i in range(10)) + "\n"  # 10 points -> bucket 16
+ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None, extra args (callables get d), expected words)
     "tampered package": (lambda d: _flip_byte(d / "depthpack_k16.pt2"), None, [], ["depthpack_k16.pt2", "sha256", "does not match"]),
     "missing package": (lambda d: (d / "depthpack_k16.pt2").unlink(), None, [], ["depthpack_k16.pt2", "no such file"]),
     "corrupt package": (_corrupt_with_sha, None, [], ["depthpack_k16.pt2", "cannot be loaded"]),
@@ -247,7 +420,11 @@ ERRORS = {  # name: (edit of a copy of the export dir, points CSV text or None, 
     "manifest without buckets": (lambda d: _edit_manifest(d, lambda m: m.pop("buckets")), None, [], ['missing key "buckets"']),
     "manifest shapes": (lambda d: _edit_manifest(d, lambda m: m.update(image_size=[32, 64])), None, [], ["shape", "differs"]),
     "missing manifest": (lambda d: (d / "manifest.json").unlink(), None, [], ["manifest", "cannot be read"]),
+    "manifest format": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/1")), None, [], ["not a depthpack-manifest/2", "re-export"]),
+    "manifest file path": (lambda d: _edit_manifest(d, lambda m: m["buckets"][0].update(file="../x.pt2")), None, [], ["plain file name"]),
+    "unknown input name": (lambda d: _edit_manifest(d, lambda m: m["buckets"][0]["inputs"][1].update(name="depth_hint")), None, [], ['"depth_hint"', "not one this runner can feed"]),
     "other arch": (lambda d: _edit_manifest(d, lambda m: m.update(arch="aarch64" if m["arch"] != "aarch64" else "x86_64")), None, [], ["built for", "export on this machine"]),
+    "other torch": (lambda d: _edit_manifest(d, lambda m: m.update(torch_version="2.9.0+cu128")), None, [], ["built with torch 2.9.0+cu128", "libtorch", "tied to the torch"]),
     "point outside": (None, "x,y\n1,2\n64,3\n", [], ["line 3", "outside the 64x64 image"]),
     "negative point": (None, "1,2\n-0.5,3\n", [], ["line 2", "outside"]),
     "malformed line": (None, "x,y\n1,2\n\n3;4\n", [], ["line 4", 'expected "x,y"']),
@@ -255,10 +432,49 @@ ERRORS = {  # name: (edit of a copy of the export dir, points CSV text or None, 
     "nan point": (None, "nan,2\n", [], ["line 1", "not finite"]),
     "unreadable image": (None, "1,2\n", ["--image", "/nonexistent/image.safetensors"], ["image", "cannot be read"]),
     "unknown flag": (None, "1,2\n", ["--frobnicate"], ["unknown argument", "--frobnicate"]),
+    # nothing hangs: devices, FIFOs, folders and huge files are refused before reading
+    "points /dev/zero": (None, None, ["--points", "/dev/zero"], ["points /dev/zero", "character device, not a regular file"]),
+    "points folder": (None, None, ["--points", lambda d: d], ["points", "directory, not a regular file"]),
+    "points FIFO": (lambda d: os.mkfifo(d / "fifo"), None, ["--points", lambda d: d / "fifo"], ["FIFO, not a regular file"]),
+    "points too large": (lambda d: _sparse(d / "big.csv", 65 << 20), None, ["--points", lambda d: d / "big.csv"], ["big.csv", "64 MiB limit"]),
+    "manifest /dev/zero": (None, None, ["--manifest", "/dev/zero"], ["manifest /dev/zero", "character device"]),
+    "manifest FIFO": (lambda d: os.mkfifo(d / "m.json"), None, ["--manifest", lambda d: d / "m.json"], ["manifest", "FIFO"]),
+    "manifest too large": (lambda d: _sparse(d / "m.json", 17 << 20), None, ["--manifest", lambda d: d / "m.json"], ["manifest", "16 MiB limit"]),
+    "image folder": (lambda d: (d / "x.safetensors").mkdir(), None, ["--image", lambda d: d / "x.safetensors"], ["x.safetensors", "directory"]),
+    "image /dev/zero": (None, None, ["--image", "/dev/zero"], ["/dev/zero", "character device"]),
+    "check FIFO": (lambda d: os.mkfifo(d / "ref.safetensors"), None, ["--check", lambda d: d / "ref.safetensors"], ["ref.safetensors", "FIFO"]),
+    "check /dev/zero": (None, None, ["--check", "/dev/zero"], ["/dev/zero", "character device"]),
+    # tensor images as the Python API: finite and in [0, 1], naming how many are not
+    "nan image": (lambda d: _bad_images(d, n_nan=3), None, ["--image", lambda d: d / "bad.safetensors"], ["3 non-finite values"]),
+    "image out of range": (lambda d: _bad_images(d, n_out=5), None, ["--image", lambda d: d / "bad.safetensors"], ["[0,1]", "5 values outside"]),
+    # the bucket-to-file mapping, held to each package's own metadata
+    "bucket 8 names the k16 package": (lambda d: _with_package_metadata(d, _swap_bucket_8_to_k16), "x,y\n1,2\n3,4\n", [],
+                                       ["depthpack_k16.pt2", "built for bucket 16", "as bucket 8"]),
+    "package without metadata": (lambda d: _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=_set_metadata(
+        d / "depthpack_k16.pt2", {"depthpack.bucket": None, "depthpack.inputs": None}))), None, [],
+        ["depthpack_k16.pt2", "no depthpack.bucket / depthpack.inputs metadata", "re-export"]),
+    "package inputs metadata": (lambda d: _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=_set_metadata(
+        d / "depthpack_k16.pt2", {"depthpack.bucket": "16", "depthpack.inputs": json.dumps(m["buckets"][0]["inputs"])}))),
+        None, [], ["depthpack_k16.pt2", "takes inputs", "points float32 [1,8,2]", "for bucket 16"]),
+    # frame packages, focal
+    "frame of another size": (lambda d: (_raw_frames(d), _edit_manifest(d, _as_frame_package)), None,
+                              ["--raw", lambda d: d / "frames.raw", "--frame-size", "64x64"], ["frame is 64x64", "take 40x48 frames"]),
+    "frames with frame null": (lambda d: _edit_manifest(d, lambda m: (_as_frame_package(m), m.update(frame=None))), None, [], ['"frames" needs', '"frame"']),
+    "focal missing": (lambda d: _edit_manifest(d, _with_focal), None, [], ["take a focal length", "--focal"]),
+    "focal not taken": (None, None, ["--focal", "500"], ['no "focal" input']),
+    "focal not positive": (lambda d: _edit_manifest(d, lambda m: _with_focal(m, 500.0)), None, ["--focal", "-3"], ["focal length -3", "positive"]),
+    # frame loops
+    "raw without size": (_raw_frames, None, ["--raw", lambda d: d / "frames.raw"], ["--raw and --frame-size"]),
+    "bad frame size": (_raw_frames, None, ["--raw", lambda d: d / "frames.raw", "--frame-size", "64by64"], ["--frame-size must be WIDTHxHEIGHT"]),
+    "raw folder": (None, None, ["--raw", lambda d: d, "--frame-size", "64x64"], ["--raw", "is a directory"]),
+    "empty raw": (lambda d: (d / "e.raw").write_bytes(b""), None, ["--raw", lambda d: d / "e.raw", "--frame-size", "64x64"], ["no frames in"]),
+    "images without images": (lambda d: (d / "empty").mkdir(), None, ["--images", lambda d: d / "empty"], ["--images", "no image files"]),
+    "two inputs": (None, None, ["--raw", "x.raw", "--frame-size", "2x2", "--images", "y"], ["give one input"]),
 }
 if not torch.cuda.is_available():
     ERRORS["cuda package without cuda"] = (lambda d: _edit_manifest(d, lambda m: m.update(device="cuda", compute_capability="9.0")),
                                            None, [], ["CUDA is not available"])
+LOOPS = ("--raw", "--images", "--video")
 
 
 @pytest.mark.parametrize("case", sorted(ERRORS))
@@ -269,9 +485,10 @@ def test_errors_are_one_line_and_exit_1(runner, exported, tmp_path, case):
     if edit:
         edit(d)
     pts = tmp_path / "pts.csv"
-    pts.write_text(csv_text or "x,y\n" + "\n".join(f"{i}.5,{2 * i}.25" for i in range(10)) + "\n")  # 10 -> bucket 16
-    args = ["--manifest", d / "manifest.json", "--image", d / "reference.safetensors", "--points", pts, *extra]
-    proc = run(runner, *args)
+    pts.write_text(csv_text or DEFAULT_PTS)
+    extra = [e(d) if callable(e) else e for e in extra]
+    image = [] if any(a in LOOPS for a in extra) else ["--image", d / "reference.safetensors"]
+    proc = run(runner, "--manifest", d / "manifest.json", *image, "--points", pts, *extra, timeout=60)
     assert proc.returncode == 1, f"{case}: exit {proc.returncode}\n{proc.stderr}"
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("depthpack_run: error: "), proc.stderr
@@ -280,12 +497,306 @@ def test_errors_are_one_line_and_exit_1(runner, exported, tmp_path, case):
     assert proc.stdout == ""  # no partial output
 
 
+def test_package_metadata_that_agrees_is_accepted(runner, exported, tmp_path):
+    """The control of the metadata cases: the same rewritten packages, mapped right, check OK."""
+    d = tmp_path / "pkg"
+    shutil.copytree(exported, d)
+    _with_package_metadata(d)
+    proc = run(runner, "--manifest", d / "manifest.json", "--check", d / "reference.safetensors")
+    assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
+
+
 def test_undecodable_image_file(runner, exported, tmp_path):
-    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
-    (tmp_path / "pts.csv").write_text("1,2\n")
-    proc = run(runner, "--manifest", exported / "manifest.json", "--image", tmp_path / "bad.png", "--points", tmp_path / "pts.csv")
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
-    assert "cannot be decoded" in proc.stderr or "no OpenCV" in proc.stderr
+    """Not an image at all, and a complete PNG whose pixel data is corrupt: one line each."""
+    import zlib
+
+    (tmp_path / "bad.png").write_bytes(b"just some text, not an image")
+    idat = zlib.compress(b"\0" * 10)[:-3] + b"\xff\xff\xff"  # a broken zlib stream
+    chunk = lambda kind, data: len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")  # noqa: E731
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", bytes([0, 0, 0, 4, 0, 0, 0, 2, 8, 2, 0, 0, 0]))
+                                          + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    (tmp_path / "pts.csv").write_text("1,1\n")
+    for name in ("bad.png", "broken.png"):
+        proc = run(runner, "--manifest", exported / "manifest.json", "--image", tmp_path / name, "--points", tmp_path / "pts.csv")
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert ("cannot be decoded" in proc.stderr and name in proc.stderr) or "no OpenCV" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["jpg", "png"])
+def test_truncated_image_file_is_refused(runner, exported, tmp_path, fmt):
+    """A JPEG or PNG cut to 60%: the runner refuses it, naming the file (OpenCV alone would hand
+    back a partly grey image for the JPEG, and depths with exit code 0)."""
+    if not has_opencv(runner, exported):
+        pytest.skip("runner built without OpenCV")
+    import cv2
+
+    bgr = noise_frames(1, 80, 96)[0]
+    ok, data = cv2.imencode("." + fmt, bgr)
+    (tmp_path / f"full.{fmt}").write_bytes(data.tobytes())
+    (tmp_path / f"cut.{fmt}").write_bytes(data.tobytes()[: int(len(data) * 0.6)])
+    if fmt == "jpg":
+        assert cv2.imread(str(tmp_path / "cut.jpg")) is not None  # what the check is for
+        (tmp_path / "padded.jpg").write_bytes(data.tobytes() + b"\0" * 16)  # zero padding after EOI is fine
+    (tmp_path / "pts.csv").write_text("x,y\n1,2\n50,40\n")
+    for name in [f"full.{fmt}"] + (["padded.jpg"] if fmt == "jpg" else []):
+        proc = run(runner, "--manifest", exported / "manifest.json", "--image", tmp_path / name, "--points", tmp_path / "pts.csv")
+        assert proc.returncode == 0, proc.stderr
+    proc = run(runner, "--manifest", exported / "manifest.json", "--image", tmp_path / f"cut.{fmt}", "--points", tmp_path / "pts.csv")
+    assert proc.returncode == 1 and proc.stdout == ""
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("depthpack_run: error: image ") and f"cut.{fmt}" in err[0], proc.stderr
+    assert ("EOI" if fmt == "jpg" else "IEND") in err[0] and "truncated" in err[0]
+
+
+# ---- frame loops ------------------------------------------------------------------------------------------
+def test_raw_frames_equal_python(runner, exported, python_depth, tmp_path):
+    """--raw: 5 bgr8 frames of 96x80, 20 points (chunks 16 + 4): every frame's depths are Python's
+    (its preprocessing and chunking); the latency report holds median <= p90, with and without the
+    read; after the first frame the runner allocates no buffer."""
+    size = manifest_of(exported)["image_size"]
+    frames = noise_frames(5, 80, 96)
+    frames.tofile(tmp_path / "f.raw")
+    pts = frame_points(80, 96, 20)
+    proc = run(runner, "--manifest", exported / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", "96x80",
+               "--points", write_csv(tmp_path / "p.csv", pts), "--out", tmp_path / "d.csv")
+    assert proc.returncode == 0, proc.stderr
+    out = read_frames_out(tmp_path / "d.csv")
+    assert out.shape == (5 * 20, 4)
+    for i, bgr in enumerate(frames):
+        rows = out[out[:, 0] == i]
+        np.testing.assert_array_equal(rows[:, 1:3], pts)
+        assert np.abs(rows[:, 3] - frame_depth(python_depth, bgr, pts, size)).max() < 1e-5
+    rep = loop_report(proc.stderr)
+    assert rep["frames"] == "5" and rep["skipped"] == "0"
+    for what in ("predict", "read_predict"):
+        assert 0 < float(rep[f"{what}_median_ms"]) <= float(rep[f"{what}_p90_ms"])
+    assert rep["buffers_first"] == rep["buffers_end"], rep  # steady state: no new buffer per frame
+
+
+def test_raw_stream_cut_inside_a_frame(runner, exported, tmp_path):
+    """A stream that ends inside its third frame: two frames answered, the third named, exit 1."""
+    noise_frames(3, 80, 96).tofile(tmp_path / "f.raw")
+    data = (tmp_path / "f.raw").read_bytes()
+    (tmp_path / "f.raw").write_bytes(data[: len(data) - 1000])
+    (tmp_path / "p.csv").write_text("x,y\n3,4\n")
+    proc = run(runner, "--manifest", exported / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", "96x80",
+               "--points", tmp_path / "p.csv", "--out", tmp_path / "d.csv")
+    assert proc.returncode == 1
+    assert sorted(set(read_frames_out(tmp_path / "d.csv")[:, 0])) == [0, 1]
+    err = proc.stderr.strip().splitlines()
+    assert "skipped frame 2" in err[0] and "ends inside this frame" in err[0], proc.stderr
+    assert err[-1] == "depthpack_run: error: 1 of 3 frames skipped (named above)"
+
+
+def test_raw_frames_from_stdin(runner, exported, tmp_path):
+    noise_frames(2, 80, 96).tofile(tmp_path / "f.raw")
+    (tmp_path / "p.csv").write_text("x,y\n3,4\n90,70\n")
+    args = ["--manifest", exported / "manifest.json", "--frame-size", "96x80", "--points", tmp_path / "p.csv"]
+    from_file = run(runner, *args, "--raw", tmp_path / "f.raw")
+    with open(tmp_path / "f.raw", "rb") as f:
+        piped = subprocess.run([str(runner), *map(str, args), "--raw", "-"], stdin=f, capture_output=True, text=True, timeout=60)
+    assert from_file.returncode == piped.returncode == 0, piped.stderr
+    assert piped.stdout == from_file.stdout and piped.stdout.count("\n") == 1 + 2 * 2
+
+
+def test_images_folder_skips_corrupt_frames(runner, exported, python_depth, tmp_path):
+    """A folder of 3 good PNGs (two sizes), a truncated JPEG and a file that is no image: the good
+    ones are answered in name order with Python's depths, the two bad ones named on stderr and
+    skipped, the loop goes on, exit code 1."""
+    if not has_opencv(runner, exported):
+        pytest.skip("runner built without OpenCV")
+    import cv2
+
+    size = manifest_of(exported)["image_size"]
+    d = tmp_path / "frames"
+    d.mkdir()
+    good = {"a.png": noise_frames(1, 80, 96, 1)[0], "c.png": noise_frames(1, 80, 96, 2)[0], "e.png": noise_frames(1, 72, 90, 3)[0]}
+    for name, bgr in good.items():
+        cv2.imwrite(str(d / name), bgr)
+    jpg = cv2.imencode(".jpg", noise_frames(1, 80, 96, 4)[0])[1].tobytes()
+    (d / "b.jpg").write_bytes(jpg[: int(len(jpg) * 0.6)])
+    (d / "d.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    (d / "notes.txt").write_text("not a frame: ignored")
+    pts = frame_points(72, 90, 6)
+    proc = run(runner, "--manifest", exported / "manifest.json", "--images", d, "--points", write_csv(tmp_path / "p.csv", pts),
+               "--out", tmp_path / "o.csv")
+    assert proc.returncode == 1
+    err = proc.stderr.strip().splitlines()
+    assert [ln.split(" (")[0] for ln in err if "skipped frame" in ln] == ["depthpack_run: skipped frame 1", "depthpack_run: skipped frame 3"]
+    assert "b.jpg" in err[0] and "truncated" in err[0] and "d.png" in err[1], proc.stderr
+    assert err[-1] == "depthpack_run: error: 2 of 5 frames skipped (named above)"
+    out = read_frames_out(tmp_path / "o.csv")
+    assert sorted(set(out[:, 0])) == [0, 2, 4]
+    for i, name in ((0, "a.png"), (2, "c.png"), (4, "e.png")):
+        assert np.abs(out[out[:, 0] == i, 3] - frame_depth(python_depth, good[name], pts, size)).max() < 1e-5
+    rep = loop_report(proc.stderr)
+    assert rep["frames"] == "3" and rep["skipped"] == "2"
+    assert int(rep["buffers_end"]) > int(rep["buffers_first"])  # the counter counts: e.png's new size
+
+
+def test_video_frames_equal_python(runner, exported, python_depth, tmp_path):
+    """--video on an MJPG AVI written by opencv-python: Python's depths of the frames Python decodes;
+    the same file cut to 60% is named as cut short, exit code 1."""
+    import cv2
+
+    probe = run(runner, "--manifest", exported / "manifest.json", "--video", tmp_path / "none.avi", "--points", "x")
+    if "videoio" in probe.stderr:
+        pytest.skip("runner built without OpenCV videoio (apt-get install libopencv-videoio-dev)")
+    writer = cv2.VideoWriter(str(tmp_path / "v.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10, (96, 80))
+    if not writer.isOpened():
+        pytest.skip("opencv-python cannot write MJPG here")
+    for bgr in noise_frames(6, 80, 96, 7):
+        writer.write(bgr)
+    writer.release()
+    cap, decoded = cv2.VideoCapture(str(tmp_path / "v.avi")), []
+    while (f := cap.read())[0]:
+        decoded.append(f[1])
+    pts = frame_points(80, 96, 5)
+    write_csv(tmp_path / "p.csv", pts)
+    proc = run(runner, "--manifest", exported / "manifest.json", "--video", tmp_path / "v.avi", "--points", tmp_path / "p.csv",
+               "--out", tmp_path / "o.csv")
+    assert proc.returncode == 0, proc.stderr
+    out = read_frames_out(tmp_path / "o.csv")
+    assert sorted(set(out[:, 0])) == list(range(len(decoded))) == list(range(6))
+    size = manifest_of(exported)["image_size"]
+    for i, bgr in enumerate(decoded):  # two JPEG decoders: the manifest's tolerance
+        assert_close(out[out[:, 0] == i, 3], frame_depth(python_depth, bgr, pts, size), *tolerance(exported))
+    data = (tmp_path / "v.avi").read_bytes()
+    (tmp_path / "cut.avi").write_bytes(data[: int(len(data) * 0.6)])
+    proc = run(runner, "--manifest", exported / "manifest.json", "--video", tmp_path / "cut.avi", "--points", tmp_path / "p.csv",
+               "--out", tmp_path / "o.csv")
+    assert proc.returncode == 1
+    assert "header says 6 frames" in proc.stderr and proc.stderr.strip().endswith("frames skipped (named above)"), proc.stderr
+
+
+# ---- frame packages: uint8 frames in, preprocessing inside the package ------------------------------------
+def test_frame_packages_check_reference(runner, frames_exported):
+    m = manifest_of(frames_exported)
+    assert m["frame"] == {"size": list(FRAME), "color": "bgr"} and m["buckets"][0]["inputs"][0]["name"] == "frames"
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--check", frames_exported / "reference.safetensors")
+    assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
+
+
+def test_frame_packages_raw_frames_equal_python(runner, frames_exported, python_frame_depth, tmp_path):
+    """Raw frames straight into the packages: the package's own function, eager, within 1e-5 m;
+    20 points: chunks of 16 + 4; no buffer after the first frame."""
+    frames = noise_frames(4, *FRAME, seed=3)
+    frames.tofile(tmp_path / "f.raw")
+    pts = frame_points(*FRAME, 20)
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--raw", tmp_path / "f.raw",
+               "--frame-size", f"{FRAME[1]}x{FRAME[0]}", "--points", write_csv(tmp_path / "p.csv", pts), "--out", tmp_path / "o.csv")
+    assert proc.returncode == 0, proc.stderr
+    out = read_frames_out(tmp_path / "o.csv")
+    want = python_frame_depth(torch.from_numpy(frames), torch.from_numpy(pts.astype(np.float32))[None].repeat(4, 1, 1)).numpy()
+    for i in range(4):
+        assert np.abs(out[out[:, 0] == i, 3] - want[i]).max() < 1e-5
+    rep = loop_report(proc.stderr)
+    assert rep["frames"] == "4" and rep["buffers_first"] == rep["buffers_end"], rep
+
+
+def test_frame_packages_image_file(runner, frames_exported, tmp_path):
+    """reference.png is a frame of the packages' size: decoded, handed over as it is; row 0 of the
+    reference's depth (computed by the exporter from the same PNG)."""
+    if not has_opencv(runner, frames_exported):
+        pytest.skip("runner built without OpenCV")
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--image", frames_exported / "reference.png",
+               "--points", frames_exported / "reference_points.csv", "--out", tmp_path / "d.csv")
+    assert proc.returncode == 0, proc.stderr
+    ref = load_file(str(frames_exported / "reference.safetensors"))
+    assert_close(read_out(tmp_path / "d.csv")[:, 2], ref["depth"][0].numpy(), *tolerance(frames_exported))
+
+
+def test_frame_packages_refuse_another_frame_size(runner, frames_exported, tmp_path):
+    noise_frames(1, 48, 64).tofile(tmp_path / "f.raw")
+    (tmp_path / "p.csv").write_text("x,y\n3,4\n")
+    proc = run(runner, "--manifest", frames_exported / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", "64x48",
+               "--points", tmp_path / "p.csv")
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1 and proc.stdout == "", proc.stderr
+    assert "the frame is 64x48 but the packages take 96x80 frames" in err[0]
+
+
+@pytest.mark.parametrize("packages", ["images", "frames"])
+def test_robot_loop_rgb_frames(runner, example, exported, frames_exported, tmp_path, packages):
+    """The same frames handed over as rgb8 (Order::RGB) give the bgr8 depths, for packages that take
+    images (the runner converts) and frames in BGR order (the runner swaps the channels)."""
+    d = exported if packages == "images" else frames_exported
+    frames = noise_frames(2, *FRAME, seed=9)
+    frames.tofile(tmp_path / "bgr.raw")
+    np.ascontiguousarray(frames[..., ::-1]).tofile(tmp_path / "rgb.raw")
+    size = f"{FRAME[1]}x{FRAME[0]}"
+    bgr, rgb = run(example, d / "manifest.json", tmp_path / "bgr.raw", size), run(example, d / "manifest.json", tmp_path / "rgb.raw", size, "rgb")
+    assert bgr.returncode == rgb.returncode == 0, bgr.stderr + rgb.stderr
+    assert bgr.stdout == rgb.stdout and len(bgr.stdout.splitlines()) == 2
+    swapped = run(example, d / "manifest.json", tmp_path / "rgb.raw", size)  # the channel order matters
+    assert swapped.stdout != bgr.stdout
+
+
+def test_robot_loop_example_gives_the_clis_depths(runner, example, exported, tmp_path):
+    """examples/robot_loop.cpp links the library and calls Runner::predict per raw frame: its depths
+    at the centre and quarter points are the CLI's."""
+    noise_frames(3, 80, 96).tofile(tmp_path / "f.raw")
+    proc = run(example, exported / "manifest.json", tmp_path / "f.raw", "96x80")
+    assert proc.returncode == 0, proc.stderr
+    got = np.array([[float(v) for v in ln.split(":")[1].split()] for ln in proc.stdout.splitlines()])
+    (tmp_path / "p.csv").write_text("x,y\n48,40\n24,20\n72,20\n24,60\n72,60\n")
+    cli = run(runner, "--manifest", exported / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", "96x80",
+              "--points", tmp_path / "p.csv", "--out", tmp_path / "o.csv")
+    assert cli.returncode == 0, cli.stderr
+    np.testing.assert_allclose(got, read_frames_out(tmp_path / "o.csv")[:, 3].reshape(3, 5), atol=1e-6)
+    bad = run(example, tmp_path / "missing.json", tmp_path / "f.raw", "96x80")
+    assert bad.returncode == 1 and bad.stderr.startswith("robot_loop: manifest ") and len(bad.stderr.splitlines()) == 1
+
+
+def test_build_without_opencv(runner, exported, tmp_path):
+    """-DDEPTHPACK_OPENCV=OFF (the GPU machine has no OpenCV C++ packages): it builds, --raw frames
+    give the OpenCV build's depths, image files and videos are refused with one line."""
+    nocv = build_runner(Path(os.environ.get("DEPTHPACK_BUILD_NOCV") or tmp_path / "nocv"), "-DDEPTHPACK_OPENCV=OFF",
+                        target="depthpack_run")
+    noise_frames(2, 80, 96).tofile(tmp_path / "f.raw")
+    (tmp_path / "p.csv").write_text("x,y\n3,4\n90,70\n")
+    args = ["--manifest", exported / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", "96x80", "--points", tmp_path / "p.csv"]
+    a, b = run(nocv, *args), run(runner, *args)
+    assert a.returncode == b.returncode == 0, a.stderr
+    assert a.stdout == b.stdout
+    for flag, word in (("--image", "no OpenCV"), ("--video", "no OpenCV videoio"), ("--images", "no OpenCV")):
+        proc = run(nocv, "--manifest", exported / "manifest.json", flag, exported / "reference.png", "--points", tmp_path / "p.csv")
+        assert proc.returncode == 1 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# ---- the contract: deploy_cpp/manifest.h lists what depthpack/deploy/contract.py lists --------------------
+def _marked(header: str, name: str) -> list[str]:
+    import re
+
+    m = re.search(rf"// contract: {name}\n[^\n]*?=\s*(\{{.*?\}}|\"[^\"]*\");", header, re.S)
+    assert m, f"no '// contract: {name}' declaration in deploy_cpp/manifest.h"
+    return re.findall(r'"([^"]*)"', m[1])
+
+
+def test_manifest_h_lists_the_contracts_keys():
+    from depthpack.deploy import contract
+
+    header = (ROOT / "deploy_cpp" / "manifest.h").read_text()
+    assert _marked(header, "FORMAT") == [contract.FORMAT]
+    assert tuple(_marked(header, "REQUIRED_KEYS")) == contract.REQUIRED_KEYS
+    assert tuple(_marked(header, "BUCKET_KEYS")) == contract.BUCKET_KEYS
+    assert f"std::array<const char*, {len(contract.REQUIRED_KEYS)}> kRequiredKeys" in header
+
+
+def test_runner_refuses_what_pythons_read_manifest_refuses(runner, exported, tmp_path):
+    """Each required key, removed: Python's read_manifest and the runner both refuse, naming it."""
+    from depthpack.deploy.contract import REQUIRED_KEYS, ManifestError, read_manifest
+
+    d = tmp_path / "pkg"
+    shutil.copytree(exported, d)
+    good = (d / "manifest.json").read_text()
+    for key in REQUIRED_KEYS[1:]:  # without "format" it is not a manifest at all (tested above)
+        _edit_manifest(d, lambda m: m.pop(key))
+        with pytest.raises(ManifestError, match=key):
+            read_manifest(d / "manifest.json")
+        proc = run(runner, "--manifest", d / "manifest.json", "--check", d / "reference.safetensors")
+        assert proc.returncode == 1 and f'missing key "{key}"' in proc.stderr, proc.stderr
+        (d / "manifest.json").write_text(good)
 
 
 # ---- bad input, property-based: the CSV and image readers ---------------------------------------------
@@ -378,25 +889,101 @@ def test_exporters_cpp_fallback_check_passes_with_the_real_runner(runner, export
 
 
 # ---- CUDA (the H200 through the device tool) ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def cuda_exported(runner, tmp_path_factory) -> Path:
+    """The tiny preset exported for CUDA; the self-check falls back to this runner where Python's
+    loader crashes (torch 2.11 on the H200)."""
+    out = tmp_path_factory.mktemp("cuda") / "tiny_cuda"
+    return finish_export(start_export(out, device="cuda", cpp_runner=runner), out)
+
+
 @pytest.mark.gpu
-def test_cuda_graph_equals_no_graph_and_reference(runner, tmp_path):
-    d = finish_export(start_export(tmp_path / "tiny_cuda", device="cuda"), tmp_path / "tiny_cuda")
+def test_cuda_graph_equals_no_graph_and_reference(runner, cuda_exported, tmp_path):
+    d = cuda_exported
     ref = d / "reference.safetensors"
     outs = {}
     for flag in ([], ["--no-graph"]):
         proc = run(runner, "--manifest", d / "manifest.json", "--check", ref, "--image", ref,
                    "--points", write_csv(tmp_path / "p.csv", load_file(str(ref))["points"][0].numpy()),
-                   "--out", tmp_path / "o.csv", *flag)
+                   "--out", tmp_path / "o.csv", "--bench", "50", *flag)
         assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
+        assert f"graph={0 if flag else 1}" in proc.stderr
         outs[bool(flag)] = read_out(tmp_path / "o.csv")
     np.testing.assert_array_equal(outs[True], outs[False])  # the graph replays the very same kernels
+
+
+@pytest.mark.gpu
+def test_cuda_raw_frames(runner, example, cuda_exported, python_depth, tmp_path):
+    """Raw frames on CUDA: preprocessing on the device, graphs replayed; equal to --no-graph, to
+    Python's depths within the manifest's tolerance, no buffer after the first frame; robot_loop agrees."""
+    d = cuda_exported
+    frames = noise_frames(20, 480, 640)
+    frames.tofile(tmp_path / "f.raw")
+    pts = frame_points(480, 640, 20)
+    outs = {}
+    for flag in ([], ["--no-graph"]):
+        proc = run(runner, "--manifest", d / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", "640x480",
+                   "--points", write_csv(tmp_path / "p.csv", pts), "--out", tmp_path / "o.csv", *flag)
+        assert proc.returncode == 0, proc.stderr
+        rep = loop_report(proc.stderr)
+        assert rep["device"].startswith("cuda") and rep["graph"] == ("0" if flag else "1")
+        assert rep["buffers_first"] == rep["buffers_end"], rep
+        outs[bool(flag)] = read_frames_out(tmp_path / "o.csv")
+        print(proc.stderr.strip().splitlines()[-1])
+    np.testing.assert_array_equal(outs[True], outs[False])
+    size = manifest_of(d)["image_size"]
+    for i in (0, 19):
+        assert_close(outs[False][outs[False][:, 0] == i, 3], frame_depth(python_depth, frames[i], pts, size), *tolerance(d))
+    proc = run(example, d / "manifest.json", tmp_path / "f.raw", "640x480")
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 20, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cuda_frames_exported(runner, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cuda") / "tiny_cuda_frames"
+    return finish_export(start_export(out, device="cuda", cpp_runner=runner, frame=True), out)
+
+
+@pytest.mark.gpu
+def test_cuda_frame_packages(runner, cuda_frames_exported, python_frame_depth, tmp_path):
+    """Frame packages on CUDA: raw frames copied into the graphs' shared uint8 input; --check OK,
+    graph equals --no-graph, Python's function within the manifest's tolerance, no new buffers."""
+    d = cuda_frames_exported
+    proc = run(runner, "--manifest", d / "manifest.json", "--check", d / "reference.safetensors")
+    assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
+    frames = noise_frames(10, *FRAME, seed=4)
+    frames.tofile(tmp_path / "f.raw")
+    pts = frame_points(*FRAME, 20)
+    outs = {}
+    for flag in ([], ["--no-graph"]):
+        proc = run(runner, "--manifest", d / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size", f"{FRAME[1]}x{FRAME[0]}",
+                   "--points", write_csv(tmp_path / "p.csv", pts), "--out", tmp_path / "o.csv", *flag)
+        assert proc.returncode == 0, proc.stderr
+        rep = loop_report(proc.stderr)
+        assert rep["graph"] == ("0" if flag else "1") and rep["buffers_first"] == rep["buffers_end"], rep
+        outs[bool(flag)] = read_frames_out(tmp_path / "o.csv")
+        print(proc.stderr.strip().splitlines()[-1])
+    np.testing.assert_array_equal(outs[True], outs[False])
+    want = python_frame_depth(torch.from_numpy(frames), torch.from_numpy(pts.astype(np.float32))[None].repeat(10, 1, 1)).numpy()
+    for i in (0, 9):
+        assert_close(outs[False][outs[False][:, 0] == i, 3], want[i], *tolerance(d))
 
 
 # ---- the header-only helpers (no libtorch: a few seconds) ---------------------------------------------
 HELPERS_MAIN = r'''
 #include "mini_json.h"
+#include "stats.h"
+#include <cstdlib>
+#include <cstdio>
 #include <iostream>
-int main(int argc, char** argv) {  // sha256 of each file, then "ok"/"rejected" for each JSON text on stdin
+#include <string>
+int main(int argc, char** argv) {  // "stats X...": median and p90; else sha256 of each file, then ok/rejected per JSON line on stdin
+  if (argc > 1 && std::string(argv[1]) == "stats") {
+    std::vector<double> v;
+    for (int i = 2; i < argc; ++i) v.push_back(std::atof(argv[i]));
+    std::printf("%.17g %.17g\n", depthpack::median(v), depthpack::percentile(v, 0.9));
+    return 0;
+  }
   for (int i = 1; i < argc; ++i) std::cout << minijson::sha256_file(argv[i]) << "\n";
   for (std::string line; std::getline(std::cin, line);) {
     try { minijson::parse(line); std::cout << "ok\n"; } catch (const std::runtime_error&) { std::cout << "rejected\n"; }
@@ -425,3 +1012,12 @@ def test_sha256_and_strict_json(tmp_path):
     out = proc.stdout.splitlines()
     assert out[:len(files)] == [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
     assert out[len(files):] == ["ok"] * len(good) + ["rejected"] * len(bad)
+
+    import statistics
+
+    from depthpack.runtime.graphs import percentile
+
+    for n in (1, 2, 3, 9, 10, 11, 19, 20, 21, 100):  # the latency summaries: Python's rule exactly
+        v = [float(x) for x in rng.integers(0, 8, n)] if n % 2 else [float(x) for x in rng.uniform(0, 5, n)]  # ties, and not
+        proc = subprocess.run([str(tmp_path / "t"), "stats", *map(repr, v)], capture_output=True, text=True, check=True)
+        assert [float(x) for x in proc.stdout.split()] == [statistics.median(v), percentile(v, 0.9)], v

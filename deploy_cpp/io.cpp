@@ -1,0 +1,227 @@
+// io.cpp: the readers of io.h.
+#include "io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "mini_json.h"
+
+#ifdef DEPTHPACK_WITH_OPENCV
+#include <opencv2/imgcodecs.hpp>
+#endif
+
+namespace depthpack::io {
+namespace {
+
+using minijson::Value;
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+bool parse_number(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Silences stderr (libpng and libjpeg print their own complaints) for the life of the object.
+struct QuietStderr {
+  int saved = -1, null = -1;
+  QuietStderr() {
+    std::fflush(stderr);
+    saved = dup(2), null = open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, 2);
+  }
+  ~QuietStderr() {
+    if (saved >= 0) dup2(saved, 2), close(saved);
+    if (null >= 0) close(null);
+  }
+};
+
+}  // namespace
+
+std::string read_file(const fs::path& path, const std::string& what, uint64_t cap) {
+  const std::string w = what + " " + path.string() + ": cannot be read";
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error(w + " (" + std::strerror(errno) + ")");
+  struct stat st {};
+  std::string out;
+  std::string problem;
+  if (fstat(fd, &st) != 0) problem = std::strerror(errno);
+  else if (!S_ISREG(st.st_mode)) problem = std::string("it is ") + file_kind(st.st_mode) + ", not a regular file";
+  else if (uint64_t(st.st_size) > cap)
+    problem = std::to_string(st.st_size) + " bytes is more than the " + std::to_string(cap / kMiB) + " MiB limit";
+  while (problem.empty()) {
+    char buf[1 << 16];
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) problem = std::strerror(errno);
+    if (n <= 0) break;
+    out.append(buf, size_t(n));
+    if (out.size() > cap) problem = "more than the " + std::to_string(cap / kMiB) + " MiB limit";
+  }
+  close(fd);
+  if (!problem.empty()) throw Error(w + ": " + problem);
+  return out;
+}
+
+Points read_points(const fs::path& path) {
+  std::istringstream in(read_file(path, "points", kPointsCap));
+  Points p;
+  std::string line;
+  bool seen_data = false;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    line = trim(line);
+    if (line.empty()) continue;
+    const std::string where = "points " + path.string() + " line " + std::to_string(n);
+    size_t comma = line.find(',');
+    std::string sx = trim(line.substr(0, comma)), sy = comma == std::string::npos ? "" : trim(line.substr(comma + 1));
+    if (!seen_data && sx == "x" && sy == "y") { seen_data = true; continue; }  // header
+    seen_data = true;
+    double x, y;
+    if (comma == std::string::npos || !parse_number(sx, x) || !parse_number(sy, y))
+      throw Error(where + ": expected \"x,y\" (two numbers), got \"" + line + "\"");
+    if (!std::isfinite(x) || !std::isfinite(y)) throw Error(where + ": point is not finite");
+    p.text.emplace_back(sx, sy);
+    p.xy.push_back(float(x)), p.xy.push_back(float(y));
+    p.line.push_back(n);
+  }
+  return p;
+}
+
+void check_points(const Points& p, const fs::path& path, int64_t h, int64_t w) {
+  for (int64_t i = 0; i < p.size(); ++i) {
+    const float x = p.xy[2 * i], y = p.xy[2 * i + 1];
+    if (x < 0 || x >= float(w) || y < 0 || y >= float(h))
+      throw Error("points " + path.string() + " line " + std::to_string(p.line[i]) + ": point (" + p.text[i].first + ", " +
+                  p.text[i].second + ") is outside the " + std::to_string(w) + "x" + std::to_string(h) +
+                  " image (need 0 <= x < " + std::to_string(w) + ", 0 <= y < " + std::to_string(h) + ")");
+  }
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// 8-byte little-endian header length, JSON header, data.
+Safetensors::Safetensors(const fs::path& path) : path_(path), bytes_(read_file(path, "safetensors", kImageCap)) {
+  const std::string w = "safetensors " + path.string();
+  if (bytes_.size() < 8) throw Error(w + ": too short for a safetensors file");
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | uint8_t(bytes_[k]);
+  if (n > bytes_.size() - 8) throw Error(w + ": header length " + std::to_string(n) + " exceeds the file");
+  try {
+    if (minijson::parse(bytes_.substr(8, n)).kind != Value::Kind::Object) throw std::runtime_error("not an object");
+  } catch (const std::runtime_error& e) {
+    throw Error(w + ": header: " + e.what());
+  }
+  data_start_ = 8 + n;
+}
+
+bool Safetensors::has(const std::string& name) const {
+  return minijson::parse(bytes_.substr(8, data_start_ - 8)).find(name) != nullptr;
+}
+
+Tensor Safetensors::get(const std::string& name) const {
+  const std::string w = "safetensors " + path_.string() + ": tensor \"" + name + "\"";
+  Value header = minijson::parse(bytes_.substr(8, data_start_ - 8));
+  const Value* t = header.find(name);
+  if (!t || t->kind != Value::Kind::Object) throw Error(w + " is missing");
+  const Value *dtype = t->find("dtype"), *shape = t->find("shape"), *off = t->find("data_offsets");
+  if (!dtype || dtype->kind != Value::Kind::String || (dtype->string != "F32" && dtype->string != "U8"))
+    throw Error(w + ": dtype must be F32 or U8");
+  Tensor out;
+  out.dtype = dtype->string;
+  auto ints = [&](const Value* v) {
+    std::vector<int64_t> r;
+    if (!v || v->kind != Value::Kind::Array) throw Error(w + ": malformed shape or data_offsets");
+    for (const Value& x : v->array) {
+      if (x.kind != Value::Kind::Number || x.number < 0 || x.number != std::floor(x.number) || x.number > 1e12)
+        throw Error(w + ": malformed shape or data_offsets");
+      r.push_back(int64_t(x.number));
+    }
+    return r;
+  };
+  out.shape = ints(shape);
+  auto o = ints(off);
+  const uint64_t item = out.dtype == "F32" ? 4 : 1, avail = bytes_.size() - data_start_;
+  uint64_t numel = 1;
+  for (int64_t s : out.shape) numel = std::min(avail + 1, numel * std::min(avail + 1, uint64_t(s)));  // no overflow
+  if (o.size() != 2 || o[0] > o[1] || uint64_t(o[1]) > avail || uint64_t(o[1] - o[0]) != numel * item)
+    throw Error(w + " has inconsistent data_offsets");
+  const char* data = bytes_.data() + data_start_ + o[0];
+  if (item == 4) out.f32.resize(numel), std::memcpy(out.f32.data(), data, numel * 4);
+  else out.u8.assign(data, data + numel);
+  return out;
+}
+
+void check_unit_range(const std::vector<float>& v, const std::string& where) {
+  int64_t bad = 0, out = 0;
+  float lo = 0, hi = 1;
+  for (float x : v)
+    if (!std::isfinite(x)) ++bad;
+    else if (x < 0 || x > 1) ++out, lo = std::min(lo, x), hi = std::max(hi, x);
+  if (bad) throw Error(where + ": images hold " + std::to_string(bad) + " non-finite values (NaN or inf)");
+  if (out)
+    throw Error(where + ": images must be RGB in [0,1]: " + std::to_string(out) + " values outside (min " +
+                std::to_string(lo) + ", max " + std::to_string(hi) + ")");
+}
+
+std::string truncation(const std::string& b) {
+  auto u = [&](size_t i) { return (unsigned char)b[i]; };
+  if (b.size() >= 3 && u(0) == 0xFF && u(1) == 0xD8 && u(2) == 0xFF) {
+    size_t end = b.size();
+    while (end > 2 && b[end - 1] == 0) --end;  // zero padding after EOI is allowed
+    if (u(end - 2) != 0xFF || u(end - 1) != 0xD9) return "a JPEG that does not end with the EOI marker FF D9 (truncated)";
+  }
+  if (b.size() >= 8 && b.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0) {
+    for (uint64_t i = 8;; ) {  // chunks: length (4, big-endian), type (4), data, CRC (4)
+      if (i + 12 > b.size()) return "a PNG without its IEND chunk (truncated)";
+      const uint64_t len = uint64_t(u(i)) << 24 | u(i + 1) << 16 | u(i + 2) << 8 | u(i + 3);
+      if (b.compare(i + 4, 4, "IEND") == 0) return "";
+      i += 12 + len;
+    }
+  }
+  return "";
+}
+
+#ifdef DEPTHPACK_WITH_OPENCV
+cv::Mat decode_image(const fs::path& path) {
+  const std::string bytes = read_file(path, "image", kImageCap);
+  if (std::string why = truncation(bytes); !why.empty()) throw Error("image " + path.string() + ": " + why);
+  cv::Mat bgr;
+  if (!bytes.empty()) {
+    QuietStderr quiet;
+    try {
+      bgr = cv::imdecode(cv::Mat(1, int(bytes.size()), CV_8U, const_cast<char*>(bytes.data())), cv::IMREAD_COLOR);
+    } catch (const cv::Exception&) {
+    }
+  }
+  if (bgr.empty() || bgr.type() != CV_8UC3) throw Error("image " + path.string() + ": cannot be decoded as an image");
+  return bgr;
+}
+#endif
+
+}  // namespace depthpack::io

@@ -1,0 +1,72 @@
+// io.h: what the runner reads from disk: regular files under a size cap (never a device, a FIFO
+// or a directory, so nothing hangs), the points CSV, safetensors tensors, image files (OpenCV
+// decode after a truncation check). Errors are depthpack::Error, one line naming the file.
+// No libtorch here.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "manifest.h"
+
+#ifdef DEPTHPACK_WITH_OPENCV
+#include <opencv2/core.hpp>
+#endif
+
+namespace depthpack::io {
+
+namespace fs = std::filesystem;
+
+inline constexpr uint64_t kMiB = uint64_t(1) << 20;
+inline constexpr uint64_t kManifestCap = 16 * kMiB, kPointsCap = 64 * kMiB, kImageCap = 256 * kMiB;
+
+// The bytes of a regular file of at most cap bytes: anything else (missing, a directory, a device
+// such as /dev/zero, a FIFO, larger than cap) is one Error "WHAT PATH: cannot be read ...".
+std::string read_file(const fs::path& path, const std::string& what, uint64_t cap);
+
+// The points CSV: one "x,y" per line, optional header "x,y", blank lines ignored, finite numbers.
+struct Points {
+  std::vector<float> xy;                                  // x0, y0, x1, y1, ... (float32)
+  std::vector<std::pair<std::string, std::string>> text;  // as written, for the output CSV
+  std::vector<int64_t> line;                              // the line each point came from
+  int64_t size() const { return int64_t(line.size()); }
+};
+Points read_points(const fs::path& path);
+// An Error naming the line of the first point outside a w x h image.
+void check_points(const Points& p, const fs::path& path, int64_t h, int64_t w);
+
+// One tensor of a safetensors file (F32 or U8, little-endian host).
+struct Tensor {
+  std::string dtype;  // "F32" | "U8"
+  std::vector<int64_t> shape;
+  std::vector<float> f32;
+  std::vector<uint8_t> u8;
+  int64_t numel() const;
+};
+class Safetensors {
+ public:
+  explicit Safetensors(const fs::path& path);
+  bool has(const std::string& name) const;
+  Tensor get(const std::string& name) const;
+
+ private:
+  fs::path path_;
+  std::string bytes_;
+  size_t data_start_ = 0;
+};
+// RGB images must be finite and in [0, 1]: an Error naming how many values are not.
+void check_unit_range(const std::vector<float>& v, const std::string& where);
+
+// "" when the bytes look complete, else why not: a JPEG must end with EOI (FF D9, trailing zero
+// bytes allowed), a PNG must hold its IEND chunk. Other formats: "".
+std::string truncation(const std::string& bytes);
+
+#ifdef DEPTHPACK_WITH_OPENCV
+// uint8 BGR [h,w,3]; an Error on a file that cannot be read, is truncated or does not decode.
+cv::Mat decode_image(const fs::path& path);
+#endif
+
+}  // namespace depthpack::io

@@ -1,0 +1,72 @@
+// manifest.h: manifest.json of an export folder, parsed and verified per the contract
+// (depthpack/deploy/contract.py). tests/deploy/test_cpp_runner.py holds the three marked lists
+// below to contract.FORMAT, REQUIRED_KEYS and BUCKET_KEYS.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace depthpack {
+
+// Every refusal of the library: one line naming the file or value and what is wrong.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// contract: FORMAT
+inline constexpr const char* kFormat = "depthpack-manifest/2";
+// contract: REQUIRED_KEYS
+inline constexpr std::array<const char*, 18> kRequiredKeys = {
+    "format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
+    "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
+    "preprocess", "tolerance", "buckets", "reference"};
+// contract: BUCKET_KEYS
+inline constexpr std::array<const char*, 5> kBucketKeys = {"bucket", "file", "sha256", "inputs", "outputs"};
+
+// One tensor a package takes or returns: "images" float32 [B,3,H,W], "frames" uint8 [B,h,w,3],
+// "points" float32 [B,K,2], "focal" float32 [B]; "depth" float32 [B,K].
+struct TensorSpec {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  bool operator==(const TensorSpec&) const = default;
+};
+
+struct Bucket {
+  int64_t capacity = 0;             // K: points per call
+  std::filesystem::path file;       // the .pt2 beside the manifest
+  std::string sha256;
+  std::vector<TensorSpec> inputs;   // in call order
+};
+
+struct Manifest {
+  std::filesystem::path path;
+  int64_t H = 0, W = 0, batch = 0;  // the model's image size; the packages' batch B
+  std::string device, dtype, arch, torch_version;
+  std::optional<std::string> capability;  // CUDA compute capability such as "9.0"
+  double atol = 0, rtol = 0;              // |package - eager| <= atol + rtol |eager|
+  int64_t frame_h = 0, frame_w = 0;       // frame packages: the raw frame size they take ("frame";
+                                          // null for packages that take images)
+  bool frame_bgr = true;                  //   and its channel order
+  std::optional<float> focal_default;     // "focal": {"default": f}
+  std::vector<Bucket> buckets;            // ascending capacity; the same inputs but "points" in each
+
+  bool has_input(const std::string& name) const;
+  bool takes_frames() const { return has_input("frames"); }
+};
+
+// The manifest at path with every key a runner relies on checked; an Error names the file and key.
+Manifest read_manifest(const std::filesystem::path& path);
+
+// Tensor specs from JSON text (a package's "depthpack.inputs" metadata); Error on anything else.
+std::vector<TensorSpec> parse_specs(const std::string& json, const std::string& where);
+std::string describe(const std::vector<TensorSpec>& specs);  // [images float32 [1,3,64,64], ...]
+
+// Refuse packages this machine or this build cannot run: CPU architecture, libtorch major.minor.
+void check_built_for_here(const Manifest& m);
+
+}  // namespace depthpack

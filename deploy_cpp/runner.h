@@ -1,0 +1,82 @@
+// runner.h: depthpack::Runner, metric depth at queried pixels of camera frames from an export
+// folder (manifest.json + one AOTInductor package per bucket). This header needs no libtorch.
+//
+//   depthpack::Runner runner("/opt/depthpack/vits/manifest.json");   // verifies the manifest
+//   runner.predict({bgr, h, w, row_bytes, depthpack::Order::BGR}, xy, n, depth);   // every frame
+//
+// The manifest is read and verified once; a bucket's package is verified (sha256, its own
+// metadata) and loaded on its first use, and on CUDA its run is captured once in a CUDA graph.
+// Buffers (pinned host staging, device inputs, outputs) are allocated on first use per bucket and
+// frame size; later calls of the same sizes allocate none of them: copies are asynchronous on the
+// runner's stream with one synchronization at the end. Not thread-safe: one Runner per thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "manifest.h"
+
+#ifdef DEPTHPACK_WITH_OPENCV
+#include <opencv2/core.hpp>
+#endif
+
+namespace depthpack {
+
+enum class Order { BGR, RGB };
+
+// A uint8 frame [height, width, 3]; rows row_bytes apart (>= width * 3), channels in `order`.
+struct Frame {
+  const uint8_t* data = nullptr;
+  int64_t height = 0, width = 0, row_bytes = 0;
+  Order order = Order::BGR;
+};
+
+struct Options {
+  int device_index = 0;     // CUDA packages: which GPU
+  bool cuda_graph = true;   // CUDA packages: replay a captured graph (false: call the package)
+};
+
+class Runner {
+ public:
+  explicit Runner(const std::string& manifest_path, Options options = {});
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // depth[i] (meters) at (xy[2i], xy[2i+1]), pixels of this frame, for i < n. Image packages get
+  // the frame resized to the model's size and the points scaled; frame packages get both as they
+  // are. focal: the frame's focal length in pixels, for packages that take one (default: the
+  // manifest's "focal"). Throws depthpack::Error on bad input, naming it.
+  void predict(const Frame& frame, const float* xy, int64_t n, float* depth, std::optional<float> focal = {});
+#ifdef DEPTHPACK_WITH_OPENCV
+  void predict(const cv::Mat& bgr, const float* xy, int64_t n, float* depth, std::optional<float> focal = {}) {
+    if (bgr.type() != CV_8UC3) throw Error("predict: the cv::Mat must be uint8 with 3 channels (CV_8UC3)");
+    predict({bgr.data, bgr.rows, bgr.cols, int64_t(bgr.step[0]), Order::BGR}, xy, n, depth, focal);
+  }
+#endif
+
+  // The packages' own input, already preprocessed: `rows` (1: repeated over the batch, or the
+  // batch) of "images" float32 [3,H,W] RGB in [0,1] at the model's size, or of "frames" uint8
+  // [h,w,3] in the manifest's channel order; xy [rows,n,2] in those pixels; depth [rows,n].
+  void predict_inputs(const void* image, int64_t rows, const float* xy, int64_t n, float* depth,
+                      std::optional<float> focal = {});
+
+  // Milliseconds of `runs` calls of one bucket with the inputs of the last predict in place: the
+  // graph's replay (or the package's run), timed with CUDA events on the runner's stream.
+  std::vector<double> bench(int64_t bucket, int runs);
+
+  const Manifest& manifest() const;
+  std::string device() const;                // "cpu" or "cuda:I"
+  bool graphs() const;                       // replaying CUDA graphs
+  std::vector<int64_t> buckets_used() const; // in first-use order
+  int64_t allocations() const;               // buffers this runner has allocated so far
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace depthpack
