@@ -47,6 +47,8 @@ gpu_tests() {  # every GPU test (the 2-GPU torchrun test skips on one GPU)
 }
 
 if [ "$PART" = dev ]; then
+  build_runner > "$W/logs/build_runner.out" 2>&1 &  # overlaps the diagnosis (GPU, one core)
+  BUILD_PID=$!
   step "loading a .pt2 from Python: packages with the C++ runtime linked in, and without"
   for rt in static dynamic; do
     flag=$([ $rt = dynamic ] && echo --dynamic-cxx-runtime || echo --no-bindings)
@@ -58,7 +60,9 @@ b and print('  providers', b['cxx_symbol_providers'], 'from another library:', b
 b and print('  e.g.', list(b['cxx_symbols_from_another_library'].items())[:6])" | tee -a "$LOG" \
       || tail -5 "$W/logs/diagnose_$rt.log" | tee -a "$LOG"
   done
-  TEST_S=${TEST_S:-230} gpu_tests tests --deselect tests/deploy/test_cpp_runner.py::test_cuda_graph_equals_no_graph_and_reference
+  wait $BUILD_PID; cat "$W/logs/build_runner.out" | tee -a "$LOG"
+  [ -x "$W/cpp_build/depthpack_run" ] && export DEPTHPACK_RUN=$W/cpp_build/depthpack_run
+  TEST_S=${TEST_S:-240} gpu_tests tests
   step "the fewer-kernels levers at B1 Q256 (vits bf16), each the previous row plus one switch"
   timeout "${LEVERS_S:-120}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --rows levers,masked-eager --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/levers" 2>&1 | quiet \
