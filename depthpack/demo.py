@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 # On a GPU the CPU recipe (batch 32, 2 threads) leaves the GPU waiting on the host: the same number of
 # samples in larger batches, rendered and drawn by DataLoader workers.
-GPU_RECIPE = ["batch_size=128", "steps=1200", "lr=4e-3", "warmup_steps=100", "threads=0", "num_workers=6",
+GPU_RECIPE = ["batch_size=128", "steps=1200", "lr=3e-3", "warmup_steps=100", "threads=0", "num_workers=6",
               "ckpt_every=400", "eval_every=0"]
 
 

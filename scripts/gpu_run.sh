@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU run: one script per device call (the H200 machine's python3 holds torch 2.11 + triton 3.6).
 #   PART=final OUT=DIR bash scripts/gpu_run.sh   # every GPU test, make demo (GPU recipe), the benchmark's
-#                                                # two target points (device tensors and host frames), the
-#                                                # C++ frame loop: the acceptance run, about 9 minutes
-#   PART=dev OUT=DIR bash scripts/gpu_run.sh     # the package-loading diagnosis, the GPU tests, the
-#                                                # fewer-kernels levers at B1 Q256 and the kernel profile
+#                                                # two target points (device tensors and host frames):
+#                                                # the acceptance run, about 9.5 minutes
+#   PART=measure OUT=DIR bash scripts/gpu_run.sh # the C++ frame loop, the fewer-kernels levers at B1 Q256,
+#                                                # the kernel profile
+#   PART=dev OUT=DIR bash scripts/gpu_run.sh     # the package-loading diagnosis and the GPU tests
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -20,7 +21,7 @@ LOG=$OUT/run.log
 T0=$(date +%s)
 step() { echo "== +$(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
 quiet() { grep -v -e 'DEBUG    torch' -e '%|' -e '^\s*$' -e 'it/s\]' ; }
-finish() { tar czf "$OUT/results.tgz" -C "$W" --exclude=cache --exclude='*.pt2' --exclude='*.onnx' --exclude='cpp_build' \
+finish() { tar czf "$OUT/results.tgz" -C "$W" --exclude=cache --exclude='*.pt2' --exclude='*.onnx' --exclude='cpp_build' --exclude='*.bgr' \
              --exclude='checkpoints' . 2>/dev/null; step "done (results.tgz: $(du -h "$OUT/results.tgz" | cut -f1))"; }
 trap finish EXIT
 
@@ -41,9 +42,9 @@ build_runner() {  # the C++ runner, built once; the tests and the demo use it ($
 gpu_tests() {  # every GPU test (the 2-GPU torchrun test skips on one GPU)
   step "pytest -m gpu ${*:-tests}"
   timeout "${TEST_S:-330}" $PY -m pytest -m gpu ${*:-tests} -q -rfEs -p no:cacheprovider --tb=short \
-    --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
+    -n "${XDIST:-8}" --dist load --durations=15 --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG"
-  grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$W/logs/gpu_tests.log" | tail -25 | tee -a "$LOG"
+  grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^[0-9.]+s (call|setup)" "$W/logs/gpu_tests.log" | tail -40 | tee -a "$LOG"
 }
 
 if [ "$PART" = dev ]; then
@@ -72,21 +73,47 @@ b and print('  e.g.', list(b['cxx_symbols_from_another_library'].items())[:6])" 
     --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
 fi
 
-if [ "$PART" = final ]; then
+if [ "$PART" = final ]; then  # issue 14's one run: every GPU test, the demo's GPU step, the two target points
   build_runner
-  gpu_tests tests
+  TEST_S=${TEST_S:-200} gpu_tests tests
   step "make demo (the GPU recipe)"
   rm -rf runs/demo
   timeout "${DEMO_S:-200}" make demo >"$W/logs/demo.log" 2>&1; echo "make demo exit $?" | tee -a "$LOG"
   grep -E "^=== .*done in|demo:|report:" "$W/logs/demo.log" | tee -a "$LOG"
   [ -d runs/demo ] && cp -r runs/demo "$W/demo"
   step "the benchmark's two target points (vits bf16): device tensors and host camera frames"
-  timeout "${BENCH_S:-150}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1,8 --queries 256,512 \
+  timeout "${BENCH_S:-110}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1,8 --queries 256,512 \
     --rows masked-eager,masked-graph,packed-graph,packed-compile+graph,packed-compile+graph@frames \
     --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/targets" 2>&1 | quiet \
     | grep -E '^\| vits .* (256|512) |failed|^\{' | cut -c1-260 | tee -a "$LOG"
-  if [ -n "${DEPTHPACK_RUN:-}" ] && [ -x "$W/cpp_build/depthpack_run" ]; then
-    step "the C++ frame loop (vits bf16 frame packages, 640x480 bgr8, B1 Q256)"
-    timeout "${CPP_S:-150}" bash scripts/cpp_frame_loop.sh "$W" 2>&1 | tail -8 | tee -a "$LOG"
-  fi
+fi
+
+if [ "$PART" = frames ]; then  # the frame path in Python and C++, the first levers (a short run)
+  build_runner
+  TEST_S=${TEST_S:-60} XDIST=2 gpu_tests tests/runtime/test_frames.py
+  step "B1 Q256 and B8 Q512 (vits bf16): device tensors and host camera frames"
+  timeout "${BENCH_S:-140}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1,8 --queries 256,512 \
+    --rows ${FRAME_ROWS:-packed-graph,packed-compile+graph,packed-compile+graph@frames} \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/targets" 2>&1 | quiet \
+    | grep -E '^\| vits .* (256|512) |failed|^\{' | cut -c1-240 | tee -a "$LOG"
+  step "the C++ frame loop (vits bf16, bucket 256, 640x480 bgr8 raw frames)"
+  timeout "${CPP_S:-150}" bash scripts/cpp_frame_loop.sh "$W" 2>&1 | tail -8 | tee -a "$LOG"
+  [ "${LEVERS_S:-70}" -gt 0 ] || exit 0
+  step "the first fewer-kernels levers at B1 Q256"
+  timeout "${LEVERS_S:-70}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --rows lever-count-selection,lever-mlp-epilogue,lever-combo-kernels --seconds 0.3 --repeats 2 \
+    --cache-dir "$CACHE" --out "$W/levers" 2>&1 | quiet | grep -E '^\| vits|failed|^\{' | cut -c1-240 | tee -a "$LOG"
+fi
+
+if [ "$PART" = measure ]; then  # the C++ frame loop, the fewer-kernels levers, the kernel profile
+  build_runner
+  step "the C++ frame loop (vits bf16, bucket 256, 640x480 bgr8 raw frames)"
+  timeout "${CPP_S:-200}" bash scripts/cpp_frame_loop.sh "$W" 2>&1 | tail -8 | tee -a "$LOG"
+  step "the fewer-kernels levers at B1 Q256 (vits bf16), each the previous row plus one switch"
+  timeout "${LEVERS_S:-200}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --rows levers,packed-compile+graph@frames --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/levers" 2>&1 \
+    | quiet | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  step "kernel profile (vits bf16 B1 Q256)"
+  timeout "${PROFILE_S:-80}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
 fi

@@ -53,7 +53,10 @@ def scale_points(points, frame_size: tuple[int, int], size: tuple[int, int]) -> 
     """(x, y) in the frame (h, w) -> (x, y) in the model's image (H, W); float32, on points' device."""
     (h, w), (H, W) = frame_size, size
     pts = points if isinstance(points, torch.Tensor) else torch.as_tensor(np.asarray(points, dtype=np.float32))
-    return pts.to(torch.float32) * torch.tensor([W / w, H / h], dtype=torch.float32, device=pts.device)
+    pts = pts.to(torch.float32)
+    # Python-number factors (float32 in the product): no tensor is made, so it captures in a CUDA graph
+    sx, sy = float(np.float32(W / w)), float(np.float32(H / h))  # the factors rounded to float32, as before
+    return torch.stack([pts[..., 0] * sx, pts[..., 1] * sy], dim=-1)
 
 
 def check_complete(data: bytes, path) -> None:
@@ -62,8 +65,11 @@ def check_complete(data: bytes, path) -> None:
         end = data.rstrip(b"\x00")
         if not end.endswith(b"\xff\xd9"):
             raise ValueError(f"image {path}: truncated JPEG (no end-of-image marker)")
-    elif data[:8] == b"\x89PNG\r\n\x1a\n":
-        if b"IEND" not in data[-64:]:
+    elif data[:8] == b"\x89PNG\r\n\x1a\n":  # walk the chunks (length, type, data, CRC) to IEND
+        at = 8
+        while at + 8 <= len(data) and data[at + 4:at + 8] != b"IEND":
+            at += 12 + int.from_bytes(data[at:at + 4], "big")
+        if at + 12 > len(data):
             raise ValueError(f"image {path}: truncated PNG (no IEND chunk)")
 
 

@@ -16,6 +16,7 @@ The folder's contract is depthpack.deploy.contract. Steps (a failure at any step
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import sys
@@ -33,7 +34,7 @@ from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
                        REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, io_specs, onnx_name, package_name)
 from .onnx import export_onnx
-from .package import ExportError, cast_model, compile_package, export_program, levers_for
+from .package import ExportError, cast_model, compile_packages, export_program, levers_for
 from .reference import write_reference
 from .selfcheck import find_cpp_runner, self_check
 
@@ -55,6 +56,7 @@ class ExportOptions:
     inductor_configs: dict | None = None  # more Inductor settings for AOTInductor (e.g. combo_kernels)
     switches: dict | None = None  # the model's fast paths in the packages (e.g. {"selection": "count"})
     static_cxx_runtime: bool = True  # link the C++ runtime into each package, hidden (package.compile_package)
+    compile_workers: int | None = None  # packages compiled at once (None: one per 4 cores, at most one per bucket)
     frame_size: tuple[int, int] | None = None  # (h, w): packages take uint8 camera frames of this size
     frame_format: str = "bgr8"  # with frame_size: the frames' channel order (bgr8 from OpenCV, or rgb8)
     target: str = "native"  # or a name in TARGETS, or "ARCH[:sm_XY]"
@@ -244,23 +246,31 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
         log(f"left out for this target (sm_{(cc or 'cpu').replace('.', '')}): {', '.join(dropped)} (Hopper only)")
     inductor_configs["max_autotune"] = bool(opts.max_autotune)
     times: dict = {"export_s": {}, "compile_s": {}}
-    entries = []
+    entries, jobs = [], []
     t_all = time.perf_counter()
-    bar = tqdm(buckets, desc=f"AOTInductor {device.type} {opts.dtype}", unit="bucket", file=sys.stderr)
-    for k in bar:
-        bar.set_postfix_str(f"k={k} torch.export")
+    for k in tqdm(buckets, desc=f"torch.export {device.type} {opts.dtype}", unit="bucket", file=sys.stderr):
         t0 = time.perf_counter()
         ep = export_program(deployed, k, opts.batch, device, g, frame)
-        t1 = time.perf_counter()
-        bar.set_postfix_str(f"k={k} compile")
+        times["export_s"][k] = round(time.perf_counter() - t0, 2)
         inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame)
-        path = compile_package(ep, out / package_name(k), inductor_configs,
-                               {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))},
-                               opts.static_cxx_runtime)
-        t2 = time.perf_counter()
-        times["export_s"][k], times["compile_s"][k] = round(t1 - t0, 2), round(t2 - t1, 2)
-        log(f"bucket {k}: torch.export {t1 - t0:.1f} s, AOTInductor compile {t2 - t1:.1f} s -> {path.name}")
-        entries.append({"bucket": k, "file": path.name, "sha256": sha256_file(path), "inputs": inputs, "outputs": outputs})
+        path = out / package_name(k)
+        jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k,
+                     "metadata": {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))},
+                     "static_cxx_runtime": opts.static_cxx_runtime})
+        entries.append({"bucket": k, "file": path.name, "inputs": inputs, "outputs": outputs})
+    workers = opts.compile_workers if opts.compile_workers is not None else max(1, min(len(jobs), (os.cpu_count() or 1) // 4))
+    bar = tqdm(total=len(jobs), desc=f"AOTInductor {device.type} {opts.dtype} ({workers} at once)", unit="package",
+               file=sys.stderr)
+
+    def done(job, seconds):
+        times["compile_s"][job["bucket"]] = round(seconds, 2)
+        log(f"bucket {job['bucket']}: AOTInductor compile {seconds:.1f} s -> {job['path'].name}")
+        bar.update(1)
+    compile_packages(jobs, workers, done)
+    bar.close()
+    for e in entries:
+        e["sha256"] = sha256_file(out / e["file"])
+    entries = [{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries]
     reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device, frame)
     onnx_entries = []
     for k in onnx_buckets:

@@ -119,6 +119,48 @@ def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_confi
     return path
 
 
+def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
+    """Compile several exported programs into packages: jobs of compile_package's arguments ("ep",
+    "path", "inductor_configs", "metadata", "static_cxx_runtime"). With workers > 1 they compile in
+    that many spawned processes at once (each program saved with torch.export.save and loaded there):
+    AOTInductor's C++ compile of one package uses one core. on_done(job, seconds) as each finishes."""
+    import time
+
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            t0 = time.perf_counter()
+            compile_package(job["ep"], job["path"], job.get("inductor_configs"), job.get("metadata"),
+                            job.get("static_cxx_runtime", False))
+            if on_done:
+                on_done(job, time.perf_counter() - t0)
+        return
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="depthpack_eps_") as tmp:
+        args = []
+        for i, job in enumerate(jobs):
+            ep_file = Path(tmp) / f"program_{i}.pt2"
+            torch.export.save(job["ep"], str(ep_file))
+            args.append({**{k: v for k, v in job.items() if k != "ep"}, "ep_file": str(ep_file)})
+        with cf.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_compile_saved, a): job for a, job in zip(args, jobs)}
+            for fut in cf.as_completed(futures):
+                seconds = fut.result()
+                if on_done:
+                    on_done(futures[fut], seconds)
+
+
+def _compile_saved(job: dict) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    ep = torch.export.load(job["ep_file"])
+    compile_package(ep, Path(job["path"]), job.get("inductor_configs"), job.get("metadata"),
+                    job.get("static_cxx_runtime", False))
+    return time.perf_counter() - t0
+
+
 def static_runtime_compiler(folder: Path) -> Path:
     """A compiler wrapper (written into folder) that calls the host's g++ and, when it links a shared
     library, links libstdc++ and libgcc statically with their symbols hidden. Why: a process that

@@ -67,35 +67,37 @@ def finish_export(proc: subprocess.Popen, out: Path) -> Path:
     return out
 
 
+_RUNNER: dict[str, Path] = {}
+
+
+def get_runner(tmp_path_factory) -> Path:
+    """$DEPTHPACK_RUN, or the runner built once per module (into $DEPTHPACK_BUILD if set)."""
+    if "runner" not in _RUNNER:
+        if os.environ.get("DEPTHPACK_RUN"):
+            _RUNNER["runner"] = Path(os.environ["DEPTHPACK_RUN"])
+        else:
+            build = os.environ.get("DEPTHPACK_BUILD")
+            _RUNNER["runner"] = build_runner(Path(build) if build else tmp_path_factory.mktemp("cpp") / "build")
+    return _RUNNER["runner"]
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, Path, Path]:
     """(runner binary, tiny CPU export, the same as frame packages): the exports run while the
-    runner compiles.
-
-    With a CUDA build of torch 2.11, loading any package from Python segfaults (depthpack.runtime.aoti), so
-    there the runner is built first and the exports' self-checks run on it."""
+    runner compiles."""
     root = tmp_path_factory.mktemp("export")
     out, frames_out = root / "tiny", root / "tiny_frames"
-    def get_runner() -> Path:
-        if os.environ.get("DEPTHPACK_RUN"):
-            return Path(os.environ["DEPTHPACK_RUN"])
-        build = os.environ.get("DEPTHPACK_BUILD")
-        return build_runner(Path(build) if build else tmp_path_factory.mktemp("cpp") / "build")
-    if torch.version.cuda and torch.__version__.startswith("2.11"):
-        runner = get_runner()
-        exports = [start_export(out, cpp_runner=runner), start_export(frames_out, cpp_runner=runner, frame=True)]
-        return runner, finish_export(exports[0], out), finish_export(exports[1], frames_out)
     exports = [start_export(out), start_export(frames_out, frame=True)]
     try:
-        runner = get_runner()
+        runner = get_runner(tmp_path_factory)
     finally:
         done = [finish_export(exports[0], out), finish_export(exports[1], frames_out)]
     return runner, *done
 
 
 @pytest.fixture(scope="module")
-def runner(built) -> Path:
-    return built[0]
+def runner(tmp_path_factory) -> Path:
+    return get_runner(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -361,9 +361,9 @@ def test_failed_reexport_leaves_the_previous_export(exported, tmp_path, monkeypa
     shutil.copytree(exported.out, d)
     before = {p.name: sha256_file(p) for p in d.iterdir()}
 
-    def broken(ep, path, configs=None, metadata=None):
+    def broken(jobs, workers=1, on_done=None):
         raise ExportError("compiler exploded")
-    monkeypatch.setattr(ex, "compile_package", broken)
+    monkeypatch.setattr(ex, "compile_packages", broken)
     model = load_for_export(preset="tiny", seed=1)[0]
     with pytest.raises(ExportError, match="exploded"):
         export(model, ExportOptions(out=str(d), buckets=BUCKETS), "tiny", log=lambda m: None)

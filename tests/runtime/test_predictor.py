@@ -112,7 +112,7 @@ def test_validation_errors():
 
 # ---------------------------------------------------------------- GPU ---------------------------------
 def _gpu_pred(backend, dtype=torch.float32, preset="tiny", **kw):
-    m = randomize_(create_model(preset), 0).eval()
+    m = randomize_(create_model(preset, buckets=(16, 64)), 0).eval()  # two buckets: half the compiles
     ref = copy.deepcopy(m).to("cuda")
     return Predictor(m, device="cuda", dtype=dtype, backend=backend, batch_size=2, **kw), ref
 

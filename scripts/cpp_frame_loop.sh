@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The C++ frame loop on the GPU (called by scripts/gpu_run.sh with its work folder): vits bf16 packages
+# for bucket 256, as image packages (the runner preprocesses on the device) and as frame packages
+# (640x480 bgr8 in, preprocessing inside); 60 raw 640x480 bgr8 frames from a file, 256 points each;
+# depthpack_run --raw reports the latency of Runner::predict, with and without the read.
+set -u -o pipefail
+W=$1
+PY=${PY:-python3}
+RUN=$W/cpp_build/depthpack_run
+L=$W/cpp_loop
+mkdir -p "$L"
+KINDS=${CPP_KINDS:-images frames}
+for kind in $KINDS; do
+  extra=$([ $kind = frames ] && echo "--frame-size 640x480 --frame-format bgr8")
+  timeout 240 $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 --cpp-runner "$RUN" \
+    --out "$L/vits_$kind" $extra >"$L/export_$kind.log" 2>&1 &
+done
+$PY - "$L" <<'PYEOF'
+import sys, numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng(0)
+with open(f"{d}/frames.bgr", "wb") as f:
+    for _ in range(60):
+        f.write(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8).tobytes())
+pts = np.stack([rng.uniform(0, 639.9, 256), rng.uniform(0, 479.9, 256)], -1)
+np.savetxt(f"{d}/points.csv", pts, delimiter=",", header="x,y", comments="", fmt="%.3f")
+PYEOF
+wait
+for kind in $KINDS; do
+  echo "export $kind: $(tail -1 "$L/export_$kind.log" | cut -c1-160)"
+  [ -f "$L/vits_$kind/manifest.json" ] || continue
+  "$RUN" --manifest "$L/vits_$kind/manifest.json" --raw "$L/frames.bgr" --frame-size 640x480 \
+    --points "$L/points.csv" --out "$L/depth_$kind.csv" 2>"$L/loop_$kind.log"
+  echo "C++ loop, $kind packages (CUDA graph): $(grep '^frames ' "$L/loop_$kind.log")"
+done
