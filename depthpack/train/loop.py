@@ -378,10 +378,14 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
             _check_resume_config(json.loads(blobs[ckpt.CONFIG]), mcfg, cdir)
             model.load_state_dict(ckpt.load_weights_bytes(blobs[ckpt.WEIGHTS], cdir / ckpt.WEIGHTS))
             state = ckpt.load_state_bytes(blobs[ckpt.STATE], cdir / ckpt.STATE)
-            opt.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-            ckpt.set_rng_state(state["rng"])
-            start_step = int(state["step"])
+            try:  # a state.pt that verifies but is not ours (another program, another version)
+                opt.load_state_dict(state["optimizer"])
+                sched.load_state_dict(state["scheduler"])
+                ckpt.set_rng_state(state["rng"])
+                start_step = int(state["step"])
+            except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+                raise ckpt.CheckpointError(f"{cdir / ckpt.STATE}: not the training state of this run "
+                                           f"({type(e).__name__}: {e})") from None
             if state.get("world_size", d.world) != d.world and d.main:
                 print(f"resume: world size {state['world_size']} -> {d.world}; the data order after step {start_step} changes")
             if d.main:
