@@ -75,6 +75,10 @@ def setup_distributed(device: str = "auto") -> Dist:
         device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device}: CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device}: only {torch.cuda.device_count()} GPU(s) visible")
         if dev.index is None:
             dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
