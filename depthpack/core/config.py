@@ -253,9 +253,6 @@ def coerce_fields(cfg) -> None:
         setattr(cfg, f.name, _coerce(type(cfg), f.name, f.type, getattr(cfg, f.name)))
 
 
-coerce_numbers = coerce_fields  # its first name, when it did numbers alone
-
-
 def coerce_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
     """The same for a dict of cls's fields, before cls validates them (unknown keys pass through)."""
     if not isinstance(values, dict):
