@@ -15,15 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from depthpack.core import cli  # noqa: E402
 from depthpack.core.preprocess import parse_frame_size  # noqa: E402
 from depthpack.deploy.contract import DTYPES, FRAME_FORMATS  # noqa: E402
 from depthpack.deploy.export import TARGETS, ExportOptions, export, load_for_export  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line and exit 1, like every other refusal
-        print(f"export: error: {message}", file=sys.stderr)
-        sys.exit(1)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -47,7 +42,7 @@ def _settings(text: str) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = _Parser(description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(description=__doc__.split("\n\n")[0], name="export")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="run folder, checkpoint folder or model.safetensors (config.json beside it)")
     src.add_argument("--preset", help="export a preset with seeded random weights (for tests)")
@@ -81,23 +76,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        model, preset = load_for_export(args.checkpoint, args.preset, args.seed)
-        opts = ExportOptions(out=args.out, device=args.device, dtype=args.dtype, buckets=args.buckets,
-                             batch=args.batch, onnx=args.onnx or bool(args.onnx_buckets),
-                             onnx_buckets=args.onnx_buckets, max_autotune=args.max_autotune,
-                             target=args.target, seed=args.seed, cpp_runner=args.cpp_runner,
-                             frame_size=args.frame_size, frame_format=args.frame_format,
-                             switches=args.switches, inductor_configs=args.inductor,
-                             static_cxx_runtime=not args.dynamic_cxx_runtime)
-        summary = export(model, opts, preset, log=lambda m: print(m, file=sys.stderr, flush=True))
-    except ValueError as e:  # ExportError, CheckpointError, config errors: all say what is wrong
-        print(f"export: error: {e}", file=sys.stderr)
-        return 1
+    model, preset = load_for_export(args.checkpoint, args.preset, args.seed)
+    opts = ExportOptions(out=args.out, device=args.device, dtype=args.dtype, buckets=args.buckets,
+                         batch=args.batch, onnx=args.onnx or bool(args.onnx_buckets),
+                         onnx_buckets=args.onnx_buckets, max_autotune=args.max_autotune,
+                         target=args.target, seed=args.seed, cpp_runner=args.cpp_runner,
+                         frame_size=args.frame_size, frame_format=args.frame_format,
+                         switches=args.switches, inductor_configs=args.inductor,
+                         static_cxx_runtime=not args.dynamic_cxx_runtime)
+    summary = export(model, opts, preset, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(summary))
     return 0
+
+
+def main(argv=None) -> int:
+    """ExportError, CheckpointError, config errors (ValueErrors that say what is wrong): one line, exit 1."""
+    return cli.run("export", _main, argv)
 
 
 if __name__ == "__main__":

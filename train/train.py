@@ -7,7 +7,8 @@
 
 The YAML holds only what differs from TrainConfig's defaults (depthpack/train/config.py); key=value
 overrides (dotted keys for nested fields: model.*, data.*) apply on top; unknown keys are an error.
-The merged config is written to OUT_DIR/config.yaml.
+The merged config is written to OUT_DIR/config.yaml. A refusal (bad config, a run folder that cannot
+be written, a checkpoint that cannot be used) is one line on stderr and exit code 1 (depthpack.core.cli).
 """
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from depthpack.core import cli  # noqa: E402
 from depthpack.train import load_train_config, train  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.Parser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                    formatter_class=argparse.RawDescriptionHelpFormatter, name="train")
     ap.add_argument("--config", default=None, help="YAML with the fields that differ from the defaults")
     ap.add_argument("overrides", nargs="*", help="key=value (dotted keys for model.* and data.*)")
     a = ap.parse_args(argv)
@@ -34,8 +36,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as e:  # bad config or data: one clear line, exit 1
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(cli.run("train", main))

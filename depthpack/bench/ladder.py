@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from ..core import cli
 from ..core.checkpoint import load_model
 from ..core.config import PRESETS
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
@@ -489,12 +490,6 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 # ---- CLI --------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line and exit 1, like every other refusal
-        print(f"bench: error: {message}", file=sys.stderr)
-        sys.exit(1)
-
-
 def _csv(kind, what: str, lo: int | None = None):
     def parse(text: str):
         try:
@@ -515,15 +510,15 @@ def _positive(kind):
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        if not 0 < v < float("inf"):  # nan and inf too: a row that never ends is no measurement
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
         return v
     return parse
 
 
 def parse_args(argv=None):
-    ap = _Parser(prog="python -m depthpack.bench", description=__doc__.split("\n")[0],
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.Parser(prog="python -m depthpack.bench", description=__doc__.split("\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter, name="bench")
     ap.add_argument("--preset", type=_csv(str, "presets"), default=["vits"], help="comma list of presets")
     ap.add_argument("--checkpoint", default=None, help="benchmark this checkpoint's model instead of a preset")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
@@ -586,6 +581,9 @@ def parse_args(argv=None):
         if args.rows:
             ap.error("the dav2 rows need the transformers package")
         rows = [r for r in rows if ROWS[r].path != "dav2"]
+    if not rows and not (args.compile_time or args.merge_from):
+        ap.error("no row to measure (--rows none, or every row needs what this machine lacks) and nothing to "
+                 "merge or time: an empty table is no benchmark; add rows, --compile-time or --merge-from")
     args.rows = rows
     for other in args.merge_from or []:
         if not (Path(other) / "bench.json").is_file():

@@ -130,11 +130,13 @@ def verify_checkpoint(d: str | Path, names: tuple[str, ...] = (WEIGHTS, STATE, C
     meta_path = d / META
     if not meta_path.is_file():
         raise CheckpointError(f"checkpoint {d} is incomplete: {META} is missing (the write was interrupted?)")
-    try:
-        meta = json.loads(meta_path.read_text())
+    try:  # ValueError also covers bytes that are not UTF-8 (UnicodeDecodeError)
+        meta = json.loads(meta_path.read_bytes())
         files = meta["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {meta_path} is corrupt: {e}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {meta_path} is corrupt: {type(e).__name__}: {e}") from None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"checkpoint {meta_path} is corrupt: 'files' is not a mapping")
     out = {}
     for name in names:
         path = d / name
@@ -142,14 +144,39 @@ def verify_checkpoint(d: str | Path, names: tuple[str, ...] = (WEIGHTS, STATE, C
             raise CheckpointError(f"checkpoint file {path} is missing")
         if name not in files:
             raise CheckpointError(f"checkpoint {meta_path} does not describe {name}")
-        data = path.read_bytes()
         want = files[name]
-        if len(data) != want["size"]:
-            raise CheckpointError(f"checkpoint file {path} is truncated or corrupt: {len(data)} bytes, expected {want['size']}")
-        if sha256_bytes(data) != want["sha256"]:
+        size, digest = (want.get("size"), want.get("sha256")) if isinstance(want, dict) else (None, None)
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0 and isinstance(digest, str)):
+            # an entry without its size or hash proves nothing: as corrupt as a wrong hash
+            raise CheckpointError(f"checkpoint {meta_path} is corrupt: its entry for {name} lacks a size and sha256")
+        data = path.read_bytes()
+        if len(data) != size:
+            raise CheckpointError(f"checkpoint file {path} is truncated or corrupt: {len(data)} bytes, expected {size}")
+        if sha256_bytes(data) != digest:
             raise CheckpointError(f"checkpoint file {path} is corrupt: sha256 differs from {META}")
+        if name == CONFIG:
+            parse_config(data, path)
         out[name] = data
     return out
+
+
+def parse_config(data: bytes, where: str | Path) -> dict[str, Any]:
+    """A checkpoint's config.json: {"model": ModelConfig fields, "train": ...}, the model part checked by
+    building its ModelConfig. One CheckpointError naming the file otherwise (a config.json of another
+    program or version verifies against its hash and still cannot rebuild the model)."""
+    try:
+        stored = json.loads(data)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: not a depthpack checkpoint config (not JSON: {e})") from None
+    if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
+        raise CheckpointError(f"{where}: not a depthpack checkpoint config (no \"model\" mapping)")
+    if not isinstance(stored.get("train", {}), dict):
+        raise CheckpointError(f"{where}: not a depthpack checkpoint config (\"train\" is not a mapping)")
+    try:
+        from_dict(ModelConfig, {**stored["model"], "backbone_weights": None})
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{where}: its model config cannot be built ({e})") from None
+    return stored
 
 
 def load_state_bytes(data: bytes, where: str | Path = "<bytes>") -> dict[str, Any]:
@@ -179,18 +206,21 @@ def latest_checkpoint(out_dir: str | Path) -> tuple[Path, dict[str, bytes]] | No
     candidates = list(reversed(list_checkpoints(out_dir)))
     latest = out_dir / LATEST
     if latest.is_file():
-        try:
-            named = out_dir / json.loads(latest.read_text())["path"]
+        try:  # ValueError: not JSON, or not UTF-8
+            named = out_dir / json.loads(latest.read_bytes())["path"]
             candidates = [named] + [c for c in candidates if c.resolve() != named.resolve()]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            warnings.warn(f"{latest} is corrupt ({e}); scanning {out_dir / CKPT_DIR} instead")
+        except (ValueError, KeyError, TypeError) as e:
+            warnings.warn(f"{latest} is corrupt ({type(e).__name__}: {e}); scanning {out_dir / CKPT_DIR} instead")
     errors = []
     for d in candidates:
         try:
-            return d, verify_checkpoint(d)
+            found = d, verify_checkpoint(d)
         except CheckpointError as e:
             errors.append(str(e))
-            warnings.warn(f"{e}; trying the previous checkpoint")
+            continue
+        for e in errors:  # said only when an older checkpoint is used; a total failure is one error below
+            warnings.warn(f"{e}; using the previous checkpoint")
+        return found
     if errors:
         raise CheckpointError(f"no usable checkpoint in {out_dir}: " + "; ".join(errors))
     return None
@@ -228,13 +258,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
             if not (d / name).is_file():
                 raise CheckpointError(f"checkpoint {d}: {name} is missing")
         blobs = {n: (d / n).read_bytes() for n in (WEIGHTS, CONFIG)}
-    try:
-        stored = json.loads(blobs[CONFIG])
-        mcfg = dict(stored["model"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{d / CONFIG}: not a depthpack checkpoint config ({e})") from None
-    mcfg["backbone_weights"] = None
-    model = DepthPack(from_dict(ModelConfig, mcfg))
+    stored = parse_config(blobs[CONFIG], d / CONFIG)
+    model = DepthPack(from_dict(ModelConfig, {**stored["model"], "backbone_weights": None}))
     state = load_weights_bytes(blobs[WEIGHTS], d / WEIGHTS)
     try:
         model.load_state_dict(state, strict=True)
@@ -249,4 +274,4 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
 def stored_config(path: str | Path) -> dict[str, Any]:
     """The {"model": ..., "train": ...} dict stored with a checkpoint (run folder, folder or file)."""
     d = resolve_checkpoint(path)
-    return json.loads((d / CONFIG).read_text())
+    return parse_config((d / CONFIG).read_bytes(), d / CONFIG)

@@ -1,13 +1,15 @@
 """ModelConfig and its named presets; the YAML + `key=value` merging every config of depthpack uses.
 
 YAML files hold only what differs from the dataclass defaults; unknown keys are an error; numbers
-given as text (YAML 1.1 reads `1e-3` as a string) become the number the field declares.
+given as text (YAML 1.1 reads `1e-3` as a string) become the number the field declares; every other
+value must have the type its field declares (`coerce_fields`), or one ValueError names the field.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,25 +38,25 @@ class ModelConfig:
     backbone_weights: str | None = None  # local timm/DINOv2 state dict; nothing is downloaded
 
     def __post_init__(self) -> None:
-        if isinstance(self.img_size, int):
-            self.img_size = (self.img_size, self.img_size)
-        self.img_size = tuple(int(s) for s in self.img_size)
-        self.buckets = tuple(sorted(int(b) for b in self.buckets))
-        self.mean = tuple(float(m) for m in self.mean)
-        self.std = tuple(float(s) for s in self.std)
+        coerce_fields(self)  # types: img_size 64 -> (64, 64), "1e-5" -> 1e-5; anything else names the field
+        self.buckets = tuple(sorted(self.buckets))
+        problems = [f"{name} {getattr(self, name)} must be >= {lo}" for name, lo in (
+            ("patch_size", 1), ("embed_dim", 1), ("depth", 1), ("num_heads", 1), ("head_dim", 1), ("head_freqs", 0),
+            ("anchor_grid", 0)) if getattr(self, name) < lo]
         H, W = self.img_size
         p = self.patch_size
-        problems = []
-        if len(self.img_size) != 2 or H % p or W % p:
-            problems.append(f"img_size {self.img_size} must be two multiples of patch_size {p}")
-        if self.embed_dim % self.num_heads:
+        if p >= 1 and (H < p or W < p or H % p or W % p):
+            problems.append(f"img_size {self.img_size} must be two positive multiples of patch_size {p}")
+        if self.num_heads >= 1 and self.embed_dim % self.num_heads:
             problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if not self.mlp_ratio > 0:
+            problems.append(f"mlp_ratio {self.mlp_ratio} must be > 0")
         if not self.buckets or min(self.buckets) < 1:
             problems.append(f"buckets {self.buckets} must be positive capacities")
-        if self.anchor_grid < 0:
-            problems.append(f"anchor_grid {self.anchor_grid} must be >= 0")
         if not 0 < self.min_depth < self.max_depth:
             problems.append(f"need 0 < min_depth < max_depth, got {self.min_depth}, {self.max_depth}")
+        if min(self.std) <= 0:
+            problems.append(f"std {self.std} must be > 0")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
 
@@ -92,8 +94,10 @@ def model_config(preset: str = "vits", **overrides: Any) -> ModelConfig:
 
 def from_dict(cls, values: dict[str, Any]):
     """Build a (possibly nested) dataclass from a dict; unknown keys are an error naming them."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{cls.__name__} must be a mapping of its fields, got {values!r}")
     known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(values) - set(known))
+    unknown = sorted(str(k) or "''" for k in set(values) - set(known))
     if unknown:
         raise ValueError(f"unknown {cls.__name__} key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     kwargs = {}
@@ -117,12 +121,24 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ValueError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
+        key = key.strip()
+        parts = key.split(".")
+        if not all(_NAME.fullmatch(part) for part in parts):
+            raise ValueError(f"override {item!r}: {key!r} is not a key (a name, dotted for nesting: model.depth)")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ValueError(f"override {key}: {raw!r} is not a YAML value ({str(e).splitlines()[0]})") from None
         node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+            if not isinstance(node, dict):
+                raise ValueError(f"override {key}: {'.'.join(parts[:i + 1])} was given a value, it has no sub-keys")
+        node[parts[-1]] = value
     return out
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +172,44 @@ def dump_yaml(cfg, path: str | Path) -> None:
 _NESTED: dict[str, type] = {"ModelConfig": ModelConfig}
 
 
+_SEQUENCE = re.compile(r"(tuple|list)\[(int|float)((?:, \2)*)(, \.\.\.)?\]")
+
+
+def _coerce(cls, name: str, kind: str, v):
+    """v as the type field `name` of cls declares (its annotation, a string), or a ValueError naming the
+    field. Numbers: see _number; bool: true or false only; str: text only; tuple[int, int] and the like:
+    that many numbers (one number stands for all of them), tuple[int, ...]: any number of them."""
+    optional = kind.endswith(" | None")
+    base = kind.removesuffix(" | None")
+    where = f"{cls.__name__}.{name}"
+    if v is None and optional:
+        return v
+    if base in ("int", "float"):
+        return _number(cls, name, kind, v)
+    if base == "bool":
+        if not isinstance(v, bool):
+            raise ValueError(f"{where} must be true or false, got {v!r}")
+        return v
+    if base == "str":
+        if not isinstance(v, str):
+            hint = f" (quote text that YAML reads as a number: {name}='{v}')" if isinstance(v, (int, float)) else ""
+            raise ValueError(f"{where} must be text, got {v!r}{hint}")
+        return v
+    m = _SEQUENCE.fullmatch(base)
+    if m is None:
+        return v  # nested configs and mappings are checked by their own class
+    container, elem, more, variadic = m[1], m[2], m[3], m[4]
+    n = None if variadic or container == "list" else 1 + more.count(",")  # list[int]: any length
+    if isinstance(v, (int, float, str)) and not isinstance(v, bool):
+        v = [v] * (n or 1)
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"{where} must be a list of numbers, got {v!r}")
+    if n is not None and len(v) != n:
+        raise ValueError(f"{where} must hold {n} numbers, got {list(v)!r}")
+    items = [_number(cls, f"{name}[{i}]", elem, x) for i, x in enumerate(v)]
+    return tuple(items) if container == "tuple" else items
+
+
 def _number(cls, name: str, kind: str, v):
     """v as the number field `name` of cls declares (int or float), or a ValueError naming the field.
     Numbers given as text (`lr=1e-3`, which YAML 1.1 reads as a string) are parsed; booleans are not
@@ -168,30 +222,42 @@ def _number(cls, name: str, kind: str, v):
         return v
     where = f"{cls.__name__}.{name}"
     if isinstance(v, str):
-        try:
-            v = float(v)
+        text = v
+        try:  # an integer literal exactly (float would round 20 digits), else a float literal
+            v = int(text)
         except ValueError:
-            raise ValueError(f"{where} must be a number, got {v!r}") from None
+            try:
+                v = float(text)
+            except ValueError:
+                raise ValueError(f"{where} must be a number, got {text!r}") from None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"{where} must be a number, got {v!r}")
-    if not math.isfinite(v):
+    if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"{where} must be a finite number, got {v!r}")
     if kind == "int":
-        if float(v) != int(v):
+        if isinstance(v, float) and not v.is_integer():
             raise ValueError(f"{where} must be an integer, got {v!r}")
+        if not -2**63 <= v < 2**63:  # what torch, numpy and the file formats can hold
+            raise ValueError(f"{where} must fit in 64 bits, got {v!r}")
         return int(v)
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:  # an int beyond float's range
+        raise ValueError(f"{where} must be a finite number, got {v!r}") from None
 
 
-def coerce_numbers(cfg) -> None:
-    """Numeric fields of a dataclass instance given as text become numbers, or a ValueError names the field."""
+def coerce_fields(cfg) -> None:
+    """Every plain field of a dataclass instance (numbers, bool, text, lists of numbers) to the type it
+    declares: numbers given as text become numbers; a value of the wrong type is a ValueError naming the field."""
     for f in fields(cfg):
-        setattr(cfg, f.name, _number(type(cfg), f.name, f.type, getattr(cfg, f.name)))
+        setattr(cfg, f.name, _coerce(type(cfg), f.name, f.type, getattr(cfg, f.name)))
 
 
 def coerce_dict(cls, values: dict[str, Any]) -> dict[str, Any]:
     """The same for a dict of cls's fields, before cls validates them (unknown keys pass through)."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{cls.__name__} must be a mapping of its fields, got {values!r}")
     types = {f.name: f.type for f in fields(cls)}
-    return {k: _number(cls, k, types[k], v) if k in types else v for k, v in values.items()}
+    return {k: _coerce(cls, k, types[k], v) if k in types else v for k, v in values.items()}
 
 

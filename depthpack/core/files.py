@@ -157,6 +157,7 @@ def staging_dir(dest: str | Path) -> Path:
     dest = Path(dest)
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
+    restore_interrupted_publish(dest)
     for p in parent.glob(f".{dest.name}.*-*"):
         pid = p.name.rsplit("-", 1)[-1]
         if p.is_dir() and pid.isdigit() and not _alive(int(pid)):
@@ -168,6 +169,22 @@ def staging_dir(dest: str | Path) -> Path:
         shutil.rmtree(staged)
     staged.mkdir()
     return staged
+
+
+def restore_interrupted_publish(dest: str | Path) -> bool:
+    """Where publish_dir had no atomic exchange and was killed between its two renames, dest is missing
+    and its previous version waits in `.NAME.old-PID`: put it back (True if it did). Never touches the
+    folder of a live publisher."""
+    dest = Path(dest)
+    if dest.exists():
+        return False
+    olds = [p for p in dest.parent.glob(f".{dest.name}.old-*")
+            if p.is_dir() and p.name.rsplit("-", 1)[-1].isdigit() and not _alive(int(p.name.rsplit("-", 1)[-1]))]
+    if not olds:
+        return False
+    os.rename(max(olds, key=lambda p: p.stat().st_mtime), dest)
+    fsync_dir(dest.parent)
+    return True
 
 
 def publish_dir(staged: str | Path, dest: str | Path) -> None:

@@ -63,8 +63,9 @@ class DataConfig:
     image_interp: str = "linear"  # "linear" | "area"
 
     def __post_init__(self) -> None:
-        if isinstance(self.invalid_raw, (list, tuple)):
-            self.invalid_raw = tuple(int(v) for v in self.invalid_raw)
+        from ..core.config import coerce_fields
+
+        coerce_fields(self)  # every field its declared type ("1e3" -> 1000.0), or a ValueError naming it
         problems = []
         for name, allowed in (("kind", KINDS), ("scene", SCENES), ("rig", RIGS), ("eval_crop", CROPS),
                               ("resize", RESIZES), ("decode", DECODES), ("image_interp", INTERPS)):

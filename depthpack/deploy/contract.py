@@ -18,6 +18,7 @@ manifest entry that names the wrong package is caught when it loads.
 """
 from __future__ import annotations
 
+import math
 import platform
 import re
 from pathlib import Path
@@ -91,9 +92,9 @@ def read_manifest(path: str | Path) -> dict:
     if path.stat().st_size > (1 << 24):
         raise ManifestError(f"manifest {path}: {path.stat().st_size} bytes is too large for a manifest")
     try:
-        m = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ManifestError(f"manifest {path}: not valid JSON ({e})") from None
+        m = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond reason
+        raise ManifestError(f"manifest {path}: not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         got = m.get("format") if isinstance(m, dict) else type(m).__name__
         raise ManifestError(f"manifest {path}: not a {FORMAT} manifest (format {got!r}); re-export with this depthpack")
@@ -101,19 +102,30 @@ def read_manifest(path: str | Path) -> dict:
     if missing:
         raise ManifestError(f"manifest {path}: missing keys {missing}")
     w = f"manifest {path}"
-    _need(isinstance(m["image_size"], list) and len(m["image_size"]) == 2 and all(_pos_int(v) for v in m["image_size"]),
-          w, "image_size must be [H, W]")
-    _need(_pos_int(m["batch_size"]), w, "batch_size must be a positive integer")
+    _need(isinstance(m["image_size"], list) and len(m["image_size"]) == 2
+          and all(_pos_int(v, MAX_SIZE) for v in m["image_size"]), w, f"image_size must be [H, W], each in [1, {MAX_SIZE}]")
+    _need(_pos_int(m["patch_size"]) and all(s % m["patch_size"] == 0 for s in m["image_size"]), w,
+          "patch_size must be a positive integer that divides image_size")
+    _need(_pos_int(m["batch_size"], MAX_BATCH), w, f"batch_size must be an integer in [1, {MAX_BATCH}]")
     _need(m["device"] in ("cpu", "cuda"), w, f"device must be 'cpu' or 'cuda', got {m['device']!r}")
+    _need(isinstance(m["arch"], str) and m["arch"], w, "arch must name a CPU architecture")
+    _need(isinstance(m["torch_version"], str) and re.match(r"\d+\.\d+", m["torch_version"]) is not None, w,
+          "torch_version must be a version string")
+    cc = m["compute_capability"]
+    _need(cc is None if m["device"] == "cpu" else isinstance(cc, str) and re.fullmatch(r"\d+\.\d+", cc) is not None, w,
+          "compute_capability must be null for cpu packages and 'X.Y' for cuda ones")
     _need(m["dtype"] in DTYPES, w, f"dtype must be one of {sorted(DTYPES)}, got {m['dtype']!r}")
+    _need(_finite(m["min_depth"]) and _finite(m["max_depth"]) and 0 < m["min_depth"] < m["max_depth"], w,
+          "need numbers 0 < min_depth < max_depth")
     tol = m["tolerance"]
-    _need(isinstance(tol, dict) and all(isinstance(tol.get(k), (int, float)) for k in ("atol", "rtol")), w,
-          "tolerance must hold numbers atol and rtol")
+    _need(isinstance(tol, dict) and all(_finite(tol.get(k)) and tol[k] >= 0 for k in ("atol", "rtol")), w,
+          "tolerance must hold finite numbers atol and rtol >= 0")
     frame = m["frame"]
     _need(frame is None or (isinstance(frame, dict) and frame.get("color") in FRAME_FORMATS.values()
                             and isinstance(frame.get("size"), list) and len(frame["size"]) == 2
-                            and all(_pos_int(v) for v in frame["size"])), w,
-          'frame must be null or {"size": [h, w], "color": "bgr" | "rgb"}')
+                            and all(_pos_int(v, MAX_SIZE) for v in frame["size"])), w,
+          f'frame must be null or {{"size": [h, w], "color": "bgr" | "rgb"}}, sizes in [1, {MAX_SIZE}]')
+    patches = (m["image_size"][0] // m["patch_size"]) * (m["image_size"][1] // m["patch_size"])
     buckets = m["buckets"]
     _need(isinstance(buckets, list) and buckets, w, "buckets must list at least one package")
     prev = 0
@@ -122,25 +134,45 @@ def read_manifest(path: str | Path) -> dict:
         _need(isinstance(b, dict), wb, "must be an object")
         missing = [k for k in BUCKET_KEYS if k not in b]
         _need(not missing, wb, f"missing keys {missing}")
-        _need(_pos_int(b["bucket"]) and b["bucket"] > prev, wb, "buckets must be positive and ascending")
+        _need(_pos_int(b["bucket"], patches) and b["bucket"] > prev, wb,
+              f"buckets must be ascending integers in [1, {patches}] (the image's patches)")
         prev = b["bucket"]
-        _need(isinstance(b["file"], str) and "/" not in b["file"] and b["file"] not in ("", ".", ".."), wb,
-              f"file must be a plain file name, got {b['file']!r}")
-        _need(isinstance(b["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", b["sha256"]) is not None, wb,
-              "sha256 must be 64 lowercase hex digits")
+        _need(_plain_name(b["file"]), wb, f"file must be a plain file name, got {b['file']!r}")
+        _need(_sha256(b["sha256"]), wb, "sha256 must be 64 lowercase hex digits")
         want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"], frame)
         if b["inputs"] != want_in or b["outputs"] != want_out:
-            shapes = lambda specs: [t.get("shape") if isinstance(t, dict) else t for t in specs]  # noqa: E731
-            raise ManifestError(f"{wb}: tensor shapes {shapes(b['inputs'])} -> {shapes(b['outputs'])} are not those of "
-                                f"bucket {b['bucket']}: {shapes(want_in)} -> {shapes(want_out)}")
+            def shapes(specs):
+                return [t.get("shape") if isinstance(t, dict) else t for t in specs] if isinstance(specs, list) else specs
+            raise ManifestError(f"{wb}: tensor shapes {shapes(b['inputs'])!r} -> {shapes(b['outputs'])!r} are not those "
+                                f"of bucket {b['bucket']}: {shapes(want_in)} -> {shapes(want_out)}")
     ref = m["reference"]
-    _need(isinstance(ref, dict) and isinstance(ref.get("file"), str) and isinstance(ref.get("sha256"), str), w,
-          "reference must hold file and sha256")
+    _need(isinstance(ref, dict) and _plain_name(ref.get("file")) and _sha256(ref.get("sha256")), w,
+          "reference must hold a plain file name and its sha256")
+    onnx = m.get("onnx", [])
+    _need(isinstance(onnx, list) and all(isinstance(o, dict) and _pos_int(o.get("bucket")) and _plain_name(o.get("file"))
+                                         and _sha256(o.get("sha256")) for o in onnx), w,
+          "onnx must list {bucket, file, sha256} entries with plain file names")
     return m
 
 
-def _pos_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+MAX_SIZE, MAX_BATCH = 1 << 14, 1 << 12  # beyond any camera and any batch a package is built for
+
+
+def _pos_int(v, most: int | None = None) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and (most is None or v <= most)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _plain_name(v) -> bool:
+    """A file name inside the export folder: no folder part, nothing that leaves the folder."""
+    return isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\\" not in v and "\0" not in v
+
+
+def _sha256(v) -> bool:
+    return isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None
 
 
 def _need(ok: bool, where: str, what: str) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..core import cli
 from ..core.checkpoint import load_model, resolve_checkpoint, stored_config
 from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
@@ -266,8 +267,8 @@ def data_config(checkpoint: str | Path, data_yaml: str | None, overrides: list[s
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(
-        prog="python -m depthpack.eval", description=__doc__,
+    ap = cli.Parser(
+        prog="python -m depthpack.eval", description=__doc__, name="eval",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Data: by default the data config stored with the checkpoint (its training data), split "
                "--split. --data FILE replaces it with a YAML file: either a training config (its `data:` "
@@ -293,6 +294,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default=None, help="output folder (default: the --checkpoint folder (or the file's folder) /eval)")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
+    # nonsense that would fail deep inside, or evaluate nothing and say nothing: refused here
+    for flag, value, ok, need in (("--queries", a.queries, min(a.queries) >= 1, "each >= 1"),
+                                  ("--batch-size", a.batch_size, a.batch_size >= 1, ">= 1"),
+                                  ("--max-images", a.max_images, a.max_images is None or a.max_images >= 1, ">= 1"),
+                                  ("--figure-images", a.figure_images, a.figure_images >= 0, ">= 0"),
+                                  ("--edge-frac", a.edge_frac, 0.0 <= a.edge_frac <= 1.0, "in [0, 1]")):
+        if not ok:
+            ap.error(f"{flag} {value}: must be {need}")
     torch.manual_seed(a.seed)
     device = resolve_device(a.device)
     given = Path(a.checkpoint)

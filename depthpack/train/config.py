@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.config import (ModelConfig, coerce_dict, coerce_numbers, deep_merge, from_dict, load_yaml, model_config,
+import re
+
+from ..core.config import (ModelConfig, coerce_dict, coerce_fields, deep_merge, from_dict, load_yaml, model_config,
                            parse_overrides)
 from ..data.config import DataConfig
 
@@ -55,27 +57,26 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # data arrives here as a dict (DataConfig is deliberately not nested by from_dict): its
-        # numbers are coerced first, then from_dict checks its keys
+        # values are coerced first, then from_dict checks its keys
+        if self.data is None:  # `data:` with nothing under it in a YAML file
+            self.data = {}
         if isinstance(self.data, dict):
             self.data = from_dict(DataConfig, coerce_dict(DataConfig, self.data))
         if self.model is None:
             self.model = {}
         if isinstance(self.model, dict):
             self.model = coerce_dict(ModelConfig, self.model)
-        coerce_numbers(self)
-        problems = []
-        for name in ("resume", "hflip", "amp", "progress"):
-            if not isinstance(getattr(self, name), bool):
-                problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("preset", "out_dir", "device"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
-                problems.append(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        elif not isinstance(self.model, ModelConfig):
+            raise ValueError(f"invalid TrainConfig: model must be a mapping of ModelConfig fields, got {self.model!r}")
+        if not isinstance(self.data, DataConfig):
+            raise ValueError(f"invalid TrainConfig: data must be a mapping of DataConfig fields, got {self.data!r}")
+        coerce_fields(self)  # every field its declared type, or a ValueError naming it
+        problems = [f"{name} must be a non-empty string, got {getattr(self, name)!r}"
+                    for name in ("preset", "out_dir", "device") if not getattr(self, name).strip()]
+        if self.device.strip() and not _DEVICE.fullmatch(self.device):
+            problems.append(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if problems:
             raise ValueError("invalid TrainConfig: " + "; ".join(problems))
-        if self.queries is not None:
-            if not isinstance(self.queries, (list, tuple)):
-                raise ValueError(f"invalid TrainConfig: queries must be a list of integers, got {self.queries!r}")
-            self.queries = [_int_in_list(q) for q in self.queries]
         self.model_config()  # unknown or invalid model keys fail here, naming them
         if self.steps < 0 or self.batch_size < 1:
             problems.append(f"need steps >= 0 and batch_size >= 1, got {self.steps}, {self.batch_size}")
@@ -85,10 +86,23 @@ class TrainConfig:
             problems.append("need lr > 0, warmup_steps >= 0, num_workers >= 0 and threads >= 0")
         if not 0.0 <= self.edge_frac <= 1.0 or self.extra_points < 0:
             problems.append(f"need 0 <= edge_frac <= 1 and extra_points >= 0, got {self.edge_frac}, {self.extra_points}")
+        if not 0 <= self.seed < 2**32:  # the per-step seeds are built from it and must stay in 64 bits
+            problems.append(f"seed must lie in [0, 2**32), got {self.seed}")
+        for name, lo in (("eval_every", 0), ("eval_images", 1), ("eval_queries", 1), ("weight_decay", 0),
+                         ("backbone_lr_ratio", 0), ("grad_clip", 0), ("distill_weight", 0)):
+            if getattr(self, name) < lo:
+                problems.append(f"{name} must be >= {lo}, got {getattr(self, name)}")
+        for name in ("min_lr_ratio", "silog_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                problems.append(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         kmax = self.model_config().buckets[-1]
-        qs = self.query_choices()
-        if not qs or min(qs) < 1 or max(qs) > kmax:
-            problems.append(f"query counts must lie in [1, {kmax}] (the largest bucket), got {qs[:3]}...{qs[-3:]}")
+        if self.queries is not None:  # bounds first: query_choices lists every count
+            lo, hi, given = min(self.queries, default=0), max(self.queries, default=0), "queries"
+        else:
+            lo, hi, given = max(1, self.q_min), kmax if self.q_max is None else self.q_max, "q_min/q_max"
+        if lo < 1 or hi > kmax or lo > hi:
+            problems.append(f"{given}: query counts must lie in [1, {kmax}] (the largest of model.buckets), "
+                            f"got {lo}..{hi}")
         if problems:
             raise ValueError("invalid TrainConfig: " + "; ".join(problems))
 
@@ -107,10 +121,7 @@ class TrainConfig:
         return list(range(max(1, self.q_min), hi + 1))
 
 
-def _int_in_list(q) -> int:
-    if isinstance(q, bool) or not isinstance(q, (int, float)) or float(q) != int(q):
-        raise ValueError(f"invalid TrainConfig: queries must be integers, got {q!r}")
-    return int(q)
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:

@@ -75,6 +75,10 @@ def setup_distributed(device: str = "auto") -> Dist:
         device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device}: CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device}: only {torch.cuda.device_count()} GPU(s) visible")
         if dev.index is None:
             dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
@@ -253,9 +257,11 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 class RunLog:
     """CSV rows on rank 0 (+ TensorBoard where installed).
 
-    Rows are appended (a kill can cut at most the last row short). On resume, log.csv and eval.csv
-    keep their rows up to the resumed step and are rewritten atomically; rows that do not parse
-    (a cut-short last row, garbage) are dropped with a warning naming the file and line.
+    Rows are appended (a kill can cut at most the last row short), and every row of a step, the last
+    evaluation's included, is written before that step's checkpoint: a kill never leaves a checkpoint
+    whose rows are missing. On resume, log.csv and eval.csv keep their rows up to the resumed step and
+    are rewritten atomically; rows that do not parse (a cut-short last row, garbage) are dropped with
+    a warning naming the file and line.
     """
 
     def __init__(self, out_dir: Path, start_step: int, enabled: bool):
@@ -298,6 +304,20 @@ class RunLog:
             w.writeheader()
             w.writerows(rows)
         atomic_write_text(path, buf.getvalue())
+
+    def logged(self, step: int, eval_row: bool = False) -> dict[str, float] | None:
+        """The row of `step` in log.csv (eval.csv) as numbers; None where there is none."""
+        path = self.eval_path if eval_row else self.path
+        if not self.enabled or not path.is_file():
+            return None
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if r.get("step") == str(step):
+                    try:
+                        return {k: float(v) for k, v in r.items() if k != "step"}
+                    except (TypeError, ValueError):
+                        return None
+        return None
 
     def _append(self, path: Path, row: dict[str, Any]) -> None:
         new = not path.is_file() or path.stat().st_size == 0
@@ -378,10 +398,14 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
             _check_resume_config(json.loads(blobs[ckpt.CONFIG]), mcfg, cdir)
             model.load_state_dict(ckpt.load_weights_bytes(blobs[ckpt.WEIGHTS], cdir / ckpt.WEIGHTS))
             state = ckpt.load_state_bytes(blobs[ckpt.STATE], cdir / ckpt.STATE)
-            opt.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-            ckpt.set_rng_state(state["rng"])
-            start_step = int(state["step"])
+            try:  # a state.pt that verifies but is not ours (another program, another version)
+                opt.load_state_dict(state["optimizer"])
+                sched.load_state_dict(state["scheduler"])
+                ckpt.set_rng_state(state["rng"])
+                start_step = int(state["step"])
+            except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+                raise ckpt.CheckpointError(f"{cdir / ckpt.STATE}: not the training state of this run "
+                                           f"({type(e).__name__}: {e})") from None
             if state.get("world_size", d.world) != d.world and d.main:
                 print(f"resume: world size {state['world_size']} -> {d.world}; the data order after step {start_step} changes")
             if d.main:
@@ -451,7 +475,7 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
             t_last, imgs_since, sums, n_sum = now, 0, torch.zeros(3, device=d.device), 0
         if bar is not None:
             bar.update(1)
-        if d.main and (cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps):
+        if d.main and (step == cfg.steps or cfg.eval_every and step % cfg.eval_every == 0):  # rows before the checkpoint
             last_eval = _validate(model, cfg, mcfg, step, log)
         if d.main and (step % cfg.ckpt_every == 0 or step == cfg.steps):
             _save(out, step, model, opt, sched, cfg, d, stored_cfg)
@@ -461,6 +485,9 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         bar.close()
     if d.main and step == cfg.steps and not ckpt.step_dir(out, step).is_dir():  # e.g. steps=0
         _save(out, step, model, opt, sched, cfg, d, stored_cfg)
+    if d.main and start_step == cfg.steps:  # resumed at its end (killed after the last checkpoint), or steps=0
+        last_eval = log.logged(step, eval_row=True) or _validate(model, cfg, mcfg, step, log)
+        last_loss = (log.logged(step) or {}).get("loss", last_loss)
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = {"step": step, "steps": cfg.steps, "resumed_from": start_step, "last_loss": last_loss,
                                "wall_s": round(wall, 2), "world_size": d.world, "device": str(d.device)}
@@ -468,7 +495,7 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         summary["backend"] = dist.get_backend()
         summary["ranks_in_sync"] = _ranks_in_sync(model)
     if d.main:
-        summary["val"] = _validate(model, cfg, mcfg, step, log) if start_step < cfg.steps else last_eval
+        summary["val"] = last_eval
         atomic_write_json(out / "summary.json", summary)
     log.close()
     if d.world > 1:

@@ -4,8 +4,13 @@ The training CLI runs as a child process exactly as a user starts it; it is kill
 moments (several times), then resumed until done. The run must end at the configured step count
 with every checkpoint on disk verifying, and the resumed run must reach the same weights as a run
 that was never interrupted (CPU float32 training is deterministic and resume restores the data
-position and every RNG).
+position and every RNG). The logs too: after every kill, log.csv and eval.csv hold every row up to
+the step the next run resumes from, and the finished run's logs equal the uninterrupted run's.
+A second drill kills at the log files' own dangerous moments (a row cut in half, right after a
+resumed run rewrote log.csv, in the middle of that rewrite, in the last evaluation, after the last
+checkpoint), with a real SIGKILL sent by the child to itself at that point.
 """
+import csv
 import json
 import os
 import random
@@ -20,14 +25,128 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
+EVAL_EVERY = 4
 ARGS = ["--config", "configs/tiny.yaml", f"steps={STEPS}", "ckpt_every=3", "log_every=1", "progress=false",
-        "threads=1", "eval_images=2", "data.num_samples=16"]
+        "threads=1", "eval_images=2", "data.num_samples=16", f"eval_every={EVAL_EVERY}"]
+# The child of the log drill: train/train.py as users run it, with one moment at which it SIGKILLs
+# itself (DRILL=moment@step). Nothing in depthpack knows about it.
+DRILL_CHILD = r"""
+import csv, io, os, runpy, signal, sys
+from pathlib import Path
+import depthpack.train.loop as loop
+
+moment, _, at = os.environ["DRILL"].partition("@")
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+if moment in ("log-row-cut", "eval-row-cut"):  # a kill in the middle of appending a row
+    target, append = ("log.csv" if moment == "log-row-cut" else "eval.csv"), loop.RunLog._append
+    def cut(self, path, row):
+        if path.name == target and row["step"] == int(at):
+            buf = io.StringIO()
+            csv.DictWriter(buf, fieldnames=list(row), lineterminator="\n").writerow(row)
+            with open(path, "a") as f:
+                f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+            die()
+        append(self, path, row)
+    loop.RunLog._append = cut
+elif moment == "after-rewrite":  # a resumed run has just rewritten log.csv
+    truncate = loop.RunLog._truncate
+    def rewritten(path, start_step):
+        truncate(path, start_step)
+        if path.name == "log.csv":
+            die()
+    loop.RunLog._truncate = staticmethod(rewritten)
+elif moment == "mid-rewrite":  # the new log.csv is written to its temporary name, not yet renamed
+    replace = os.replace
+    def dying_replace(src, dst, *a, **k):
+        if Path(dst).name == "log.csv":
+            die()
+        return replace(src, dst, *a, **k)
+    os.replace = dying_replace
+elif moment == "final-eval":  # in the last evaluation (before the last checkpoint)
+    validate = loop._validate
+    def dying_validate(model, cfg, mcfg, step, log):
+        if step == cfg.steps:
+            die()
+        return validate(model, cfg, mcfg, step, log)
+    loop._validate = dying_validate
+elif moment == "before-summary":  # every row and the last checkpoint written, summary.json not
+    write_json = loop.atomic_write_json
+    def dying_write(path, obj, *a, **k):
+        if Path(path).name == "summary.json":
+            die()
+        return write_json(path, obj, *a, **k)
+    loop.atomic_write_json = dying_write
+sys.argv = ["train/train.py", *sys.argv[1:]]
+runpy.run_path("train/train.py", run_name="__main__")
+"""
 
 
-def _train(out: Path, *extra: str) -> subprocess.Popen:
+def _train(out: Path, *extra: str, drill: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "train/train.py", *ARGS, f"out_dir={out}", *extra], cwd=ROOT, env=env,
+    head = [sys.executable, "train/train.py"] if drill is None else [sys.executable, "-c", DRILL_CHILD]
+    if drill is not None:
+        env["DRILL"] = drill
+    return subprocess.Popen([*head, *ARGS, f"out_dir={out}", *extra], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _rows(path: Path) -> list[dict]:
+    """The rows of a log file that parse completely (a row a kill cut short is not one)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return [r for r in reader if None not in r and None not in r.values() and r["step"].isdigit()]
+
+
+def _resume_step(run: Path) -> int:
+    from depthpack.core.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(run)
+    return 0 if found is None else int(found[0].name[5:])
+
+
+def _same_row(a: dict, b: dict, columns) -> bool:
+    return all(a[c] == b[c] if c in ("step", "q", "bucket", "lr") else
+               abs(float(a[c]) - float(b[c])) <= 1e-5 * max(1.0, abs(float(b[c]))) for c in columns)
+
+
+LOG_COLUMNS = ("step", "loss", "silog", "distill", "lr", "q", "bucket", "grad_norm")  # not the timings
+
+
+def _check_logs_after_kill(run: Path, ref: Path) -> int:
+    """Every row up to the step the next run resumes from is there, once, equal to the uninterrupted
+    run's (rows after it may be there too: the resumed run drops them). Returns that step."""
+    s = _resume_step(run)
+    for name, columns in (("log.csv", LOG_COLUMNS), ("eval.csv", None)):
+        want = [r for r in _rows(ref / name) if int(r["step"]) <= s]
+        have = [r for r in _rows(run / name) if int(r["step"]) <= s]
+        assert [r["step"] for r in have] == [r["step"] for r in want], (name, s, have, want)
+        for a, b in zip(have, want):
+            assert _same_row(a, b, columns or [c for c in b if c != "step"]), (name, a, b)
+    return s
+
+
+def _check_logs_complete(run: Path, ref: Path) -> None:
+    for name, columns in (("log.csv", LOG_COLUMNS), ("eval.csv", None)):
+        have, want = _rows(run / name), _rows(ref / name)
+        raw = (run / name).read_text().splitlines()
+        assert len(raw) == len(have) + 1, f"{name} holds rows that do not parse: {raw}"
+        assert [r["step"] for r in have] == [r["step"] for r in want], name
+        for a, b in zip(have, want):
+            assert _same_row(a, b, columns or [c for c in b if c != "step"]), (name, a, b)
+    assert not list(run.glob(".*.tmp*")), "temporaries of killed writers were left behind"
+    val, ref_val = (json.loads((d / "summary.json").read_text())["val"] for d in (run, ref))
+    assert val.keys() == ref_val.keys() and all(abs(val[k] - ref_val[k]) <= 1e-5 for k in ref_val)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The same run, never interrupted."""
+    ref = tmp_path_factory.mktemp("drill") / "uninterrupted"
+    _finish(_train(ref))
+    return ref
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
@@ -44,11 +163,10 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_then_resume(tmp_path):
+def test_sigkill_at_random_moments_then_resume(tmp_path, reference):
     from depthpack.core.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
 
-    ref = tmp_path / "uninterrupted"
-    _finish(_train(ref))
+    ref = reference
     run = tmp_path / "killed"
     rng = random.Random(1234)
     kills = 0
@@ -72,16 +190,40 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         found = latest_checkpoint(run)
         if found is not None:
             verify_checkpoint(found[0])
+        _check_logs_after_kill(run, ref)  # and every log row up to it
     assert kills >= 2, "the drill must actually kill running trainings"
     _finish(_train(run, "resume=true"))
     latest = json.loads((run / "latest.json").read_text())
     assert latest["step"] == STEPS
     for d in list_checkpoints(run):
         verify_checkpoint(d)
+    _check_logs_complete(run, ref)
     a, b = _weights(ref), _weights(run)
     assert a.keys() == b.keys()
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 1e-5, f"resumed run diverged from the uninterrupted one by {worst}"
+
+
+@pytest.mark.slow
+def test_sigkill_at_the_log_files_moments_then_resume(tmp_path, reference):
+    run = tmp_path / "killed"
+    moments = [  # (the kill, what it must leave behind)
+        ("log-row-cut@7", lambda: "7,".encode() in (run / "log.csv").read_bytes().splitlines()[-1][:3]),
+        ("after-rewrite", lambda: _rows(run / "log.csv")[-1]["step"] == "6"),
+        ("mid-rewrite", lambda: list(run.glob(".log.csv.tmp*"))),
+        (f"eval-row-cut@{3 * EVAL_EVERY}", lambda: not (run / "eval.csv").read_text().endswith("\n")),
+        ("final-eval", lambda: _resume_step(run) == STEPS - STEPS % 3 and _rows(run / "log.csv")[-1]["step"] == str(STEPS)),
+        ("before-summary", lambda: _resume_step(run) == STEPS and not (run / "summary.json").exists()),
+    ]
+    for drill, left in moments:
+        proc = _train(run, "resume=true", drill=drill)
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == -9, f"{drill}: the child was not killed at its moment\n{out[-3000:]}"
+        assert left(), f"{drill}: the kill did not land where it should"
+        _check_logs_after_kill(run, reference)
+    out = _finish(_train(run, "resume=true"))
+    assert f"resumed from {run / 'checkpoints' / f'step_{STEPS:08d}'}" in out
+    _check_logs_complete(run, reference)  # the cut rows dropped, the last evaluation done, no temporaries
 
 
 def test_truncated_checkpoint_falls_back_to_previous(tmp_path):
@@ -137,3 +279,33 @@ def test_soak_10000_calls_equal_eager_no_recompile_flat_memory():
     assert compile_counter() == compiles, "recompiled after warmup"
     growth = _rss_bytes() - rss0
     assert growth < 32 * 2**20, f"memory grew by {growth / 2**20:.1f} MiB over 10,000 calls"
+
+
+def test_a_run_removes_the_temporaries_of_killed_writers_and_keeps_live_ones(tmp_path):
+    """Killed runs leave `.NAME.tmpPID` files (latest.json, half-written weights, a log rewrite); the
+    next run removes those of dead processes when it starts, and never those of a live one."""
+    from depthpack.core.checkpoint import list_checkpoints
+    from depthpack.train import load_train_config, train
+
+    def cfg(*extra):
+        return load_train_config(ROOT / "configs" / "tiny.yaml", [f"out_dir={run}", "eval_images=1", *extra])
+
+    run = tmp_path / "run"
+    train(cfg("steps=3"))
+    ckpt = list_checkpoints(run)[-1]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        stale = [run / f".latest.json.tmp{dead.pid}", run / f".log.csv.tmp{dead.pid}",
+                 ckpt / f".model.safetensors.tmp{dead.pid}", ckpt / f".state.pt.tmp{dead.pid}"]
+        live = [run / f".latest.json.tmp{sleeper.pid}", ckpt / f".model.safetensors.tmp{sleeper.pid}"]
+        for p in stale + live:
+            p.write_bytes(b"half a file")
+        summary = train(cfg("steps=4", "resume=true"))
+        assert summary["resumed_from"] == 3 and summary["step"] == 4
+        assert not [p for p in stale if p.exists()], "temporaries of dead writers were left"
+        assert all(p.read_bytes() == b"half a file" for p in live), "a live writer's temporary was touched"
+    finally:
+        sleeper.kill()
+        sleeper.wait()

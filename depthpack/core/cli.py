@@ -1,0 +1,52 @@
+"""What every depthpack command line promises about errors, in one place.
+
+train/train.py, export/export.py, python -m depthpack.eval and python -m depthpack.bench all refuse
+bad input the same way: one line on stderr, `NAME: error: WHAT`, and exit code 1; never a traceback,
+never argparse's usage block and exit code 2. A library error that a user can cause (a ValueError:
+bad config, corrupt checkpoint, malformed manifest; an OSError: a file system that refuses) is such a
+refusal. Warnings (say, a corrupt checkpoint skipped for the previous one) are one line each too.
+Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Any, Callable, NoReturn
+
+
+def one_line(message: Any) -> str:
+    """message on one line: its lines, stripped, joined by ' | ' (a few messages quote a multi-line text)."""
+    return " | ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def fail(name: str, message: Any) -> NoReturn:
+    print(f"{name}: error: {one_line(message)}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line `NAME: error: ...` and exit code 1 like every other refusal."""
+
+    def __init__(self, *args, name: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.name = name
+
+    def error(self, message: str) -> NoReturn:
+        fail(self.name, message)
+
+
+def run(name: str, main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
+    """Run main(argv) as the command NAME: its int result is the exit code (anything else: 0); a
+    ValueError or OSError becomes one line on stderr and exit code 1."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"{name}: warning: {one_line(message)}", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        try:
+            result = main(argv)
+        except (ValueError, OSError) as e:
+            print(f"{name}: error: {one_line(e)}", file=sys.stderr, flush=True)
+            return 1
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
