@@ -161,7 +161,8 @@ def world(tmp_path_factory):
 def results(request, world):
     """Run the cases this session selected, 3 at a time (each pays Python + torch start-up)."""
     wanted = [item.callspec.params["case"] for item in request.session.items
-              if getattr(item, "module", None) is request.module and hasattr(item, "callspec")]
+              if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
+              and isinstance(item.callspec.params.get("case"), Case)]
     done_prep: set = set()
     for case in wanted:
         if case.prepare.__name__ not in done_prep:

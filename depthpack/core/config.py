@@ -162,13 +162,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def dump_yaml(cfg, path: str | Path) -> None:
-    """Write a (nested) dataclass as YAML, atomically."""
-    from .files import atomic_write_text
-
-    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
 _NESTED: dict[str, type] = {"ModelConfig": ModelConfig}
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import re
 
 from ..core.config import (ModelConfig, coerce_dict, coerce_fields, deep_merge, from_dict, load_yaml, model_config,
-                           parse_overrides)
+                           parse_overrides, to_dict)
 from ..data.config import DataConfig
 
 
@@ -130,3 +130,12 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | dic
     base = load_yaml(path) if path else {}
     over = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or []))
     return from_dict(TrainConfig, deep_merge(base, over))
+
+
+def dump_yaml(cfg, path: str | Path) -> None:
+    """Write a (nested) dataclass config as YAML, atomically (a run's config.yaml)."""
+    import yaml
+
+    from ..core.files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

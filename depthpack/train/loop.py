@@ -41,13 +41,13 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..core import checkpoint as ckpt
-from ..core.config import ModelConfig, dump_yaml, to_dict
+from ..core.config import ModelConfig, to_dict
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir, remove_stale_temporaries
 from ..core.model import DepthPack
 from ..core.packing import bucket_for, patch_of_points
 from ..data import make_dataset, sample_queries
 from ..eval.evaluate import quick_eval
-from .config import TrainConfig
+from .config import TrainConfig, dump_yaml
 from .losses import SiLogLoss
 
 LOG_FIELDS = ["step", "loss", "silog", "distill", "lr", "q", "bucket", "grad_norm", "imgs_per_s", "elapsed_s"]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from depthpack.core.config import ModelConfig, dump_yaml, load_yaml
+from depthpack.core.config import ModelConfig, load_yaml
+from depthpack.train.config import dump_yaml
 from depthpack.data.config import DataConfig
 from depthpack.train import load_train_config
 from depthpack.train.config import TrainConfig
