@@ -5,6 +5,7 @@ Predictor (inside its CUDA graphs), the exported packages and the C++ runner all
       -> float32 [3,h,w] RGB -> bilinear resize to the model's (H, W) (align_corners=False, no
          antialias: torch.nn.functional.interpolate) -> / 255 -> [3,H,W] in [0,1]
     points (x, y) in the frame's pixels -> * (W / w, H / h) in float32
+    focal (fx, fy) in the frame's pixels -> sqrt(fx * W / w * fy * H / h) (focal_at_size)
 Normalization by mean and std happens inside the model. Image files are decoded by OpenCV, after a
 check that the file is complete (a truncated JPEG or PNG decodes without complaint otherwise).
 """
@@ -38,6 +39,14 @@ def scale_points(points, frame_size: tuple[int, int], size: tuple[int, int]) -> 
     (h, w), (H, W) = frame_size, size
     pts = points if isinstance(points, torch.Tensor) else torch.as_tensor(np.asarray(points, dtype=np.float32))
     return pts.to(torch.float32) * torch.tensor([W / w, H / h], dtype=torch.float32, device=pts.device)
+
+
+def focal_at_size(fx: float, fy: float, frame_size: tuple[int, int], size: tuple[int, int]) -> float:
+    """The focal length the model sees, in pixels: sqrt(fx' * fy') after a frame (h, w) with focal
+    lengths (fx, fy) in its pixels is scaled to (H, W) (fx' = fx * W / w, fy' = fy * H / h; a crop
+    after the scaling leaves them unchanged). The one definition for data sets and runtimes."""
+    (h, w), (H, W) = frame_size, size
+    return float(np.sqrt((float(fx) * W / w) * (float(fy) * H / h)))
 
 
 def check_complete(data: bytes, path) -> None:

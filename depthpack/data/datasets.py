@@ -12,6 +12,7 @@ import numpy as np
 
 from .common import BadSample, SkippingDataset, log, make_sample
 from .formats import read_depth, read_rgb
+from .intrinsics import dataset_focal, kitti_focal
 from .synthetic import render
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp")
@@ -49,7 +50,9 @@ class SyntheticDataset(SkippingDataset):
 
     def _sample(self, i: int, r: dict) -> dict:
         name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
-        return make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name)
+        K = r["K"]  # the renderer's camera, at the rendered size
+        return make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name,
+                           focal=(float(K[0, 0]), float(K[1, 1])))
 
     def load(self, i: int) -> dict:
         if i in self._cache:
@@ -89,6 +92,7 @@ class PairsDataset(SkippingDataset):
     def __init__(self, pairs: list[tuple[Path, Path]], names: list[str], cfg, size, min_depth, max_depth, label: str):
         super().__init__(size, min_depth, max_depth, cfg)
         self.pairs, self.names, self.label = pairs, names, label
+        self.focal = dataset_focal(cfg)  # one for all, or None: per sample (KITTI's calib) or unknown
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -100,7 +104,14 @@ class PairsDataset(SkippingDataset):
         rgb_path, depth_path = self.pairs[i]
         rgb = read_rgb(rgb_path)
         depth = read_depth(depth_path, self.cfg.scale(), self.cfg.decode, self.cfg.invalid_raw)
-        return make_sample(rgb, depth, self.size, self.cfg, self.min_depth, self.max_depth, self.names[i], depth_path)
+        focal = self.focal
+        if focal is None and self.cfg.kind == "kitti":
+            try:
+                focal = kitti_focal(rgb_path)
+            except (ValueError, OSError) as e:  # a broken calib file: the sample is bad, not the run
+                raise BadSample(rgb_path, f"calibration: {e}") from None
+        return make_sample(rgb, depth, self.size, self.cfg, self.min_depth, self.max_depth, self.names[i], depth_path,
+                           focal=focal)
 
 
 class NyuMatDataset(SkippingDataset):
@@ -145,7 +156,7 @@ class NyuMatDataset(SkippingDataset):
             raise BadSample(f"{self.path}[{k}]", f"images[{k}] {img.shape} / depths[{k}] {depth.shape} are not [3,W,H] / [W,H]")
         rgb = np.ascontiguousarray(img.transpose(2, 1, 0))  # [H, W, 3]
         return make_sample(rgb, depth.T, self.size, self.cfg, self.min_depth, self.max_depth, f"nyu_{k:05d}",
-                           f"{self.path}[{k}]")
+                           f"{self.path}[{k}]", focal=dataset_focal(self.cfg))
 
 
 def open_nyu_mat(path):

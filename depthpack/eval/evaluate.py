@@ -53,6 +53,8 @@ class EvalSettings:
     seed: int = 0
     figure_images: int = 4  # rows of the PNG; 0 = no figure
     progress: bool = True
+    focal: str = "data"  # "data": each image's focal length where the data set has it (0 = unknown);
+    #                      "default": none given (the model's focal_default); models without a focal input ignore it
 
 
 # ---- points -------------------------------------------------------------------------------------
@@ -70,16 +72,36 @@ def _at(points: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return m[points[:, 1].long(), points[:, 0].long()]
 
 
-def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """images [B,3,H,W], points [B,Q,2] -> depth [B,Q] through the named path (checked forwards)."""
+def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
+    """images [B,3,H,W], points [B,Q,2], focal [B] or None -> depth [B,Q] through the named path (checked forwards)."""
     with torch.inference_mode():
         if path == "packed":
-            return model(images, points).float()
+            return model(images, points, focal).float()
         if path == "masked":
-            return model.forward_masked(images, points).float()
+            return model.forward_masked(images, points, focal).float()
         if path == "dense":
-            return model.forward_dense(images, points).float()
+            return model.forward_dense(images, points, focal).float()
     raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
+
+
+def sample_focal(samples: list[dict], mode: str, device) -> torch.Tensor | None:
+    """focal [B] of the samples (0 where unknown) for mode "data"; None for mode "default"."""
+    if mode == "default":
+        return None
+    if mode != "data":
+        raise ValueError(f"focal mode {mode!r} is not one of ('data', 'default')")
+    return torch.stack([torch.as_tensor(smp.get("focal", 0.0), dtype=torch.float32) for smp in samples]).to(device)
+
+
+def focal_report(focals: list[float], s: "EvalSettings", model) -> dict[str, Any]:
+    """What focal lengths the evaluation gave the model: how many images had one, their range."""
+    mc = model.cfg
+    out: dict[str, Any] = {"mode": s.focal, "model_canonical_focal": mc.canonical_focal,
+                           "model_focal_default": (mc.focal_default or mc.canonical_focal) if mc.uses_focal else None}
+    known = [f for f in focals if f > 0] if s.focal == "data" else []
+    out.update(images_with_focal=len(known), focal_min=min(known) if known else None,
+               focal_max=max(known) if known else None)
+    return out
 
 
 # ---- the evaluation -----------------------------------------------------------------------------
@@ -104,10 +126,12 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
     per: dict[tuple, MetricAccumulator] = {}
     targets: dict[int, list[torch.Tensor]] = {q: [] for q in s.queries}
     skipped = 0
+    focals: list[float] = []
     bar = tqdm(total=n, desc="evaluate", disable=not s.progress, dynamic_ncols=True)
     try:
         for start in range(0, n, s.batch_size):
             samples = [(i, dataset[i]) for i in range(start, min(n, start + s.batch_size))]
+            focals += [float(smp.get("focal", 0.0)) for _, smp in samples]
             for q in s.queries:
                 pts = [(i, smp, eval_points(smp, q, s.seed, i, s.edge_frac)) for i, smp in samples]
                 kept = [(i, smp, p) for i, smp, p in pts if p is not None]
@@ -117,12 +141,13 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
                     continue
                 images = torch.stack([smp["image"] for _, smp, _ in kept]).to(device)
                 points = torch.stack([p for _, _, p in kept]).to(device)  # [B,Q,2]
+                focal = sample_focal([smp for _, smp, _ in kept], s.focal, device)
                 gt = torch.stack([_at(p, smp["depth"]) for _, smp, p in kept])  # [B,Q]
                 targets[q].extend(gt.unbind(0))
                 for a in (s.anchors if model.cfg.num_anchors else (False,)):  # a model without anchors: one setting
                     model.use_anchors = a
                     for path in s.paths:
-                        pred = run_path(model, path, images, points).cpu()
+                        pred = run_path(model, path, images, points, focal).cpu()
                         acc = per.setdefault((path, a, q), MetricAccumulator("image", s.median_scaling))
                         acc.update(pred, gt, batched=True)
             bar.update(len(samples))
@@ -141,7 +166,7 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
             const.append({"path": "constant", "anchors": None, "queries": q, "images": acc.images, "constant_m": c,
                           **acc.compute()})
     return {"rows": rows, "constant": const, "images": n - skipped, "skipped_images": skipped, "settings": asdict(s),
-            "summary": summarize(rows, const)}
+            "summary": summarize(rows, const), "focal": focal_report(focals, s, model)}
 
 
 def summarize(rows: list[dict], const: list[dict]) -> dict[str, Any]:
@@ -221,8 +246,9 @@ def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
             continue
         img = smp["image"].unsqueeze(0).to(device)
         with torch.inference_mode():
-            dense = model.forward_dense(img)[0].float().cpu()  # [H,W]
-        pred = run_path(model, "packed", img, pts.unsqueeze(0).to(device))[0].cpu()
+            dense = model.forward_dense(img, None, sample_focal([smp], s.focal, device))[0].float().cpu()  # [H,W]
+        focal = sample_focal([smp], s.focal, device)
+        pred = run_path(model, "packed", img, pts.unsqueeze(0).to(device), focal)[0].cpu()
         gt = torch.where(smp["valid"], smp["depth"], torch.zeros_like(smp["depth"]))
         name = "eval.png" if not paths else f"eval_{i}.png"
         paths.append(depth_figure(Path(out) / name, smp["image"], gt, dense, pts, pred, _at(pts, smp["depth"]),
@@ -285,6 +311,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--edge-frac", type=float, default=0.0,
                     help="share of query points drawn at image edges (0: uniform, the standard protocol; "
                          "0.5: as in training, harder: depth edges)")
+    ap.add_argument("--focal", choices=("data", "default"), default="data",
+                    help="data: give the model each image's focal length where the data set has it; default: "
+                         "give none (the model's focal_default). Models without canonical_focal ignore it")
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -304,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
     s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
                      edge_frac=a.edge_frac, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
-                     progress=not a.no_progress)
+                     progress=not a.no_progress, focal=a.focal)
     result = evaluate(model, ds, s)
     cdir = resolve_checkpoint(a.checkpoint)
     result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc))

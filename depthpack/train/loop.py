@@ -41,7 +41,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..core import checkpoint as ckpt
-from ..core.config import ModelConfig, dump_yaml, to_dict
+from ..core.config import ModelConfig, dump_yaml, from_dict, to_dict
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir, remove_stale_temporaries
 from ..core.model import DepthPack
 from ..core.packing import bucket_for, patch_of_points
@@ -96,9 +96,9 @@ class PackedObjective(nn.Module):
         self.distill_weight = distill_weight
 
     def forward(self, images: torch.Tensor, points: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
-                bucket: int, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool.
+                bucket: int, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool, focal [B] pixels (0 unknown).
         # extra: (points [B,E,2], parent [B,E] (the query whose patch holds each), target, valid [B,E]):
         # decoded from the tokens the queries already selected, so they cost the head only
         m = self.model
@@ -108,12 +108,12 @@ class PackedObjective(nn.Module):
             xp, parent, xt, xv = extra
             slot = torch.cat([slot, torch.gather(slot, 1, parent)], dim=1)
             points, target, valid = torch.cat([points, xp], 1), torch.cat([target, xt], 1), torch.cat([valid, xv], 1)
-        pred = m.forward_head(feats, slot, points)  # [B,Q(+E)] float32
+        pred = m.forward_head(feats, slot, points, m.focal_scale(images, focal))  # [B,Q(+E)] float32
         silog = self.silog(pred, target, valid)
         distill = pred.new_zeros(())
         if self.distill_weight > 0:
             with torch.no_grad():
-                teacher = m.forward_dense_core(images, points)
+                teacher = m.forward_dense_core(images, points, None, focal)
             w = valid.float()
             distill = ((pred.log() - teacher.float().log()).abs() * w).sum() / w.sum().clamp_min(1.0)
         return silog + self.distill_weight * distill, silog.detach(), distill.detach()
@@ -334,7 +334,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> DepthPack:
 
 def _check_resume_config(stored: dict[str, Any], mcfg: ModelConfig, d: Path) -> None:
     want = to_dict(mcfg)
-    have = dict(stored.get("model", {}))
+    have = to_dict(from_dict(ModelConfig, dict(stored.get("model", {}))))  # fields added since: their defaults
     want.pop("backbone_weights", None), have.pop("backbone_weights", None)
     if have != want:
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
@@ -426,8 +426,9 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
             xp = batch["extra_points"]
             xt, xv = gather_at(xp, batch["depth"], batch["valid"])
             extra = tuple(t.to(d.device) for t in (xp, batch["extra_parent"], xt, xv))
+        focal = batch["focal"].to(d.device) if "focal" in batch else None
         with torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext():
-            loss, silog, distill = runner(images, points, target, valid, bucket, extra)
+            loss, silog, distill = runner(images, points, target, valid, bucket, extra, focal)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
