@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from .common import BadSample, SkippingDataset, log, make_sample
-from .formats import read_depth, read_rgb
+from .formats import check_depth_extension, read_depth, read_rgb
 from .intrinsics import dataset_focal, kitti_focal
 from .synthetic import render
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp")
-DEPTH_EXTS = (".png", ".npy", ".pfm")
+DEPTH_EXTS = (".png", ".npy", ".pfm", ".pgm")
 
 
 def _render_job(job: tuple) -> dict:
@@ -194,6 +194,10 @@ def read_split_file(path, root: Path, depth_root: Path) -> tuple[list[tuple[Path
         if tok[1] == "None":
             no_gt += 1
             continue
+        try:
+            check_depth_extension(tok[1])
+        except ValueError as e:
+            raise ValueError(f"split_file {path}:{n}: {e}") from None
         pairs.append((_resolve(root, tok[0]), _resolve(depth_root, tok[1])))
         names.append(str(Path(tok[0].lstrip("/")).with_suffix("")))
     if no_gt:
