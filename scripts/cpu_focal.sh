@@ -5,7 +5,8 @@
 #   fixed      data.rig=fixed (the demo's robot camera)
 #   varied     data.rig=varied, no focal input
 #   focal      data.rig=varied, model.canonical_focal=45.7 (the fixed rig's 70-degree lens at 64 px)
-# Usage: bash scripts/cpu_focal.sh [OUT=runs/focal]   (PY, STEPS, RUNS override)
+# Usage: bash scripts/cpu_focal.sh [OUT=runs/focal]   (PY, STEPS, RUNS, THREADS override; 1 thread: a
+# shared CPU runs one thread far better than two that wait on each other)
 set -euo pipefail
 OUT=${1:-runs/focal}
 PY=${PY:-python}
@@ -22,7 +23,7 @@ for run in $RUNS; do
   if [ ! -f "$OUT/$run/summary.json" ]; then
     echo "== train $run ($extra, $STEPS steps) $(date +%T)"
     /usr/bin/time -f "train $run wall %e s" $PY train/train.py --config configs/demo.yaml out_dir="$OUT/$run" \
-      steps="$STEPS" eval_every=0 progress=false $extra > "$OUT/$run.train.log" 2>&1
+      steps="$STEPS" eval_every=0 progress=false threads=${THREADS:-1} $extra > "$OUT/$run.train.log" 2>&1
   fi
   echo "== eval $run $(date +%T)"
   $PY -m depthpack.eval --checkpoint "$OUT/$run" --queries 16 64 --no-progress --figure-images 1 \

@@ -59,6 +59,11 @@ class DataConfig:
     num_samples: int = 2000  # synthetic: size of the train split
     num_val: int = 64  # synthetic: size of the val split; nyu_mat without split_file: the last num_val images
     cache: bool = False  # synthetic: keep rendered samples in memory (per process), so later epochs cost nothing
+    cache_dir: str | None = None  # synthetic: keep rendered scenes on disk here (depthpack.data.store), rendered
+    #                               once by every core and read by later runs and evaluations
+    device_cache: bool = False  # synthetic, training: every scene in one uint8 tensor on the training device;
+    #                             batches, flips and query points made there (depthpack.train.device_data); needs cache_dir
+    render_budget_s: float | None = None  # stop rendering the train split after this many seconds, keep what is done
     seed: int = 0
     eval_crop: str | None = None  # None | "eigen_nyu" | "garg" | "eigen_kitti"
     resize: str = "resize"  # "resize" | "center_crop"
@@ -79,6 +84,10 @@ class DataConfig:
             problems.append(f"kind={self.kind!r} needs root (the data set's folder or file)")
         if self.depth_scale is not None and not self.depth_scale > 0:
             problems.append(f"depth_scale must be > 0, got {self.depth_scale}")
+        if self.device_cache and (self.kind != "synthetic" or not self.cache_dir):
+            problems.append("device_cache needs kind='synthetic' and cache_dir (where the rendered scenes are kept)")
+        if self.render_budget_s is not None and not self.render_budget_s > 0:
+            problems.append(f"render_budget_s must be > 0 seconds or null, got {self.render_budget_s}")
         if self.focal is not None and not self.focal > 0:
             problems.append(f"focal must be > 0 pixels, got {self.focal}")
         if self.num_samples < 1 or self.num_val < 1:

@@ -37,6 +37,12 @@ class SyntheticDataset(SkippingDataset):
         self.split = split
         self.n = cfg.num_samples if split == "train" else cfg.num_val
         self._cache: dict[int, dict] = {}
+        self.store = None
+        if cfg.cache_dir:  # rendered once into a store on disk (every core), read from there
+            from .store import open_store
+            self.store = open_store(cfg, split, self.size, self.n,
+                                    budget_s=cfg.render_budget_s if split == "train" else None)
+            self.n = self.store.n
 
     def __len__(self) -> int:
         return self.n
@@ -57,6 +63,11 @@ class SyntheticDataset(SkippingDataset):
     def load(self, i: int) -> dict:
         if i in self._cache:
             return dict(self._cache[i])
+        if self.store is not None:
+            image, depth, focal = self.store.sample(i)
+            name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
+            return make_sample(image, depth, self.size, self.cfg, self.min_depth, self.max_depth, name, name,
+                               focal=(focal, focal))
         s = self._sample(i, _render_job(self._job(i)))
         if self.cfg.cache:
             self._cache[i] = s

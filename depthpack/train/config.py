@@ -51,6 +51,9 @@ class TrainConfig:
     #                   + 1 worker beats 2 threads by far (OpenMP threads wait on each other when preempted)
     device: str = "auto"  # auto = cuda:LOCAL_RANK when CUDA is present, else cpu
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
+    compile: bool = False  # torch.compile the forward + backward (one graph per bucket with data.device_cache)
+    max_time_s: float = 0.0  # stop after this many seconds of steps (checked at log rows), with a checkpoint
+    #                          and a summary as at the end; the schedule is then unfinished. 0 = off
     progress: bool = True  # tqdm bar on rank 0
 
     def __post_init__(self) -> None:
@@ -64,7 +67,7 @@ class TrainConfig:
             self.model = coerce_dict(ModelConfig, self.model)
         coerce_numbers(self)
         problems = []
-        for name in ("resume", "hflip", "amp", "progress"):
+        for name in ("resume", "hflip", "amp", "progress", "compile"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("preset", "out_dir", "device"):
@@ -81,8 +84,8 @@ class TrainConfig:
             problems.append(f"need steps >= 0 and batch_size >= 1, got {self.steps}, {self.batch_size}")
         if self.ckpt_every < 1 or self.log_every < 1 or self.keep_checkpoints < 1:
             problems.append("ckpt_every, log_every and keep_checkpoints must be >= 1")
-        if self.lr <= 0 or self.warmup_steps < 0 or self.num_workers < 0 or self.threads < 0:
-            problems.append("need lr > 0, warmup_steps >= 0, num_workers >= 0 and threads >= 0")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.num_workers < 0 or self.threads < 0 or self.max_time_s < 0:
+            problems.append("need lr > 0, warmup_steps >= 0, num_workers >= 0, threads >= 0 and max_time_s >= 0")
         if not 0.0 <= self.edge_frac <= 1.0 or self.extra_points < 0:
             problems.append(f"need 0 <= edge_frac <= 1 and extra_points >= 0, got {self.edge_frac}, {self.extra_points}")
         kmax = self.model_config().buckets[-1]
