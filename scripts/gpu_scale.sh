@@ -51,9 +51,9 @@ step "machine"
   git rev-parse --short HEAD 2>/dev/null; git status --short 2>/dev/null | head -5; } 2>&1 | tee -a "$LOG"
 
 step "1. render + cache (background): $THR_N scenes for the throughput step, then val, then train (budget ${RENDER_S}s)"
-( timeout 120 $PY -m depthpack.data.store --config $CFG "${COMMON[@]}" data.num_samples=$THR_N --splits train \
+( timeout 120 $PY -m depthpack.data.prerender --config $CFG "${COMMON[@]}" data.num_samples=$THR_N --splits train \
     --processes $RENDER_PROCS > "$WORK/render_thr.log" 2>&1 && touch "$WORK/thr_ready"
-  timeout $(( RENDER_S + 60 )) $PY -m depthpack.data.store --config $CFG "${COMMON[@]}" --splits val train \
+  timeout $(( RENDER_S + 60 )) $PY -m depthpack.data.prerender --config $CFG "${COMMON[@]}" --splits val train \
     --processes $RENDER_PROCS --budget $RENDER_S > "$WORK/render.log" 2>&1 ) &
 RENDER_PID=$!
 

@@ -15,17 +15,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..core.preprocess import focal_at_size, frames_to_images
+from .errors import BadSample  # noqa: F401  (re-exported: its home is errors.py, below every loader)
 
 log = logging.getLogger("depthpack.data")
-
-
-class BadSample(Exception):
-    """A sample that cannot be used: a missing or corrupt file, or no valid depth."""
-
-    def __init__(self, path, reason: str):
-        super().__init__(f"{path}: {reason}")
-        self.path = str(path)
-        self.reason = reason
 
 
 # ----------------------------------------------------------------------------- geometry

@@ -40,7 +40,7 @@ class SyntheticDataset(SkippingDataset):
         self.store = None
         if cfg.cache_dir:  # rendered once into a store on disk (every core), read from there
             from .store import open_store
-            self.store = open_store(cfg, split, self.size, self.n,
+            self.store = open_store(cfg, split, self.size, render, self.n,
                                     budget_s=cfg.render_budget_s if split == "train" else None)
             self.n = self.store.n
 

@@ -25,7 +25,7 @@ import cv2
 import numpy as np
 
 from ..core import preprocess
-from .common import BadSample
+from .errors import BadSample
 
 
 def read_rgb(path) -> np.ndarray:

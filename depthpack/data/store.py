@@ -1,6 +1,6 @@
 """Rendered synthetic scenes kept compactly on disk: one row of bytes per scene, rendered once by every core.
 
-    store = open_store(cfg, "train", (420, 560), processes=16)   # renders what is missing, then opens it
+    store = open_store(cfg, "train", (420, 560), render, processes=16)   # renders what is missing, then opens it
     rows = store.rows                      # uint8 [n, row_bytes] (a read-only memmap)
     image, depth, focal = store.decode(rows[:4])    # uint8 [4,3,H,W], float16 [4,H,W] m (0 = sky), float32 [4]
 
@@ -10,7 +10,8 @@ multiple of 4 bytes and the row a multiple of 4, so one uint8 tensor holds every
 batch of rows is cut into its parts by views (no copy). 1.18 MB a scene at 420x560.
 
 On disk: CACHE_DIR/KEY.npy (the rows; numpy's .npy format, memory-mapped) and CACHE_DIR/KEY.json
-(what was rendered: n, wanted, complete, seconds). KEY names everything the bytes depend on: split,
+(what was rendered: n, wanted, complete, seconds). The renderer is passed in (depthpack.data.synthetic.render):
+the store holds bytes and knows nothing of scenes. KEY names everything the bytes depend on: split,
 scene kind, rig, seed, size and the number of scenes asked for. The worker processes write their rows
 straight into the memory-mapped file (only indices travel back). With a time budget the rendering
 stops when it is spent and keeps the first n scenes done, in order; the JSON is rewritten every few
@@ -27,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from .synthetic import render
 
 log = logging.getLogger("depthpack.data")
 VERSION = 1
@@ -118,13 +117,13 @@ class SceneStore:
 _W: dict = {}
 
 
-def _init_worker(path: str, layout: RowLayout, job: tuple) -> None:
-    _W.update(rows=np.load(path, mmap_mode="r+"), layout=layout, job=job)
+def _init_worker(path: str, layout: RowLayout, job: tuple, render) -> None:
+    _W.update(rows=np.load(path, mmap_mode="r+"), layout=layout, job=job, render=render)
 
 
 def _render_into(i: int) -> int:
     seed, size, scene, split, rig = _W["job"]
-    _W["rows"][i] = encode_row(render(seed, i, size, scene, split, rig=rig), _W["layout"])
+    _W["rows"][i] = encode_row(_W["render"](seed, i, size, scene, split, rig=rig), _W["layout"])
     return i
 
 
@@ -134,10 +133,10 @@ def _write_meta(path: Path, meta: dict) -> None:
     os.replace(tmp, path)
 
 
-def render_store(cfg, split: str, size: tuple[int, int], n: int, processes: int | None = None,
+def render_store(cfg, split: str, size: tuple[int, int], n: int, render, processes: int | None = None,
                  budget_s: float | None = None, progress: bool = False) -> SceneStore:
-    """Render scenes 0..n-1 of (cfg.seed, split) into cfg.cache_dir (or stop when budget_s is spent,
-    keeping the first ones done in order) and open the store."""
+    """Render scenes 0..n-1 of (cfg.seed, split) with render(seed, i, size, scene, split, rig=) into
+    cfg.cache_dir (or stop when budget_s is spent, keeping the first ones done in order); open the store."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -160,7 +159,7 @@ def render_store(cfg, split: str, size: tuple[int, int], n: int, processes: int 
     prefix = 0  # scenes 0..prefix-1 are all done
     bar = tqdm(total=n, desc=f"render {split} scenes", disable=not progress, dynamic_ncols=True)
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    pool = ctx.Pool(processes, initializer=_init_worker, initargs=(str(npy), layout, job))
+    pool = ctx.Pool(processes, initializer=_init_worker, initargs=(str(npy), layout, job, render))
     cut = False
     try:
         for i in pool.imap_unordered(_render_into, range(n), chunksize=1):
@@ -204,9 +203,9 @@ def find_store(cfg, split: str, size: tuple[int, int], n: int) -> SceneStore | N
     return SceneStore(npy, meta)
 
 
-def open_store(cfg, split: str, size: tuple[int, int], n: int | None = None, processes: int | None = None,
+def open_store(cfg, split: str, size: tuple[int, int], render, n: int | None = None, processes: int | None = None,
                budget_s: float | None = None, progress: bool = False) -> SceneStore:
-    """The store on disk if there is one, else rendered now (needs cfg.cache_dir)."""
+    """The store on disk if there is one, else rendered now with render (needs cfg.cache_dir)."""
     if not cfg.cache_dir:
         raise ValueError("a scene store needs data.cache_dir (where the rendered scenes are kept)")
     n = n if n is not None else (cfg.num_samples if split == "train" else cfg.num_val)
@@ -216,36 +215,4 @@ def open_store(cfg, split: str, size: tuple[int, int], n: int | None = None, pro
             log.warning("scene store %s holds %d of %d scenes (rendering stopped at its budget)", found.path,
                         found.n, n)
         return found
-    return render_store(cfg, split, size, n, processes, budget_s, progress)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """python -m depthpack.data.store --config CFG [key=value ...]: render a training config's stores
-    (its data mapping and its model's img_size; the YAML is read here, below the training layer)."""
-    import argparse
-
-    from ..core.config import ModelConfig, coerce_dict, deep_merge, from_dict, load_yaml, model_config, parse_overrides
-    from .config import DataConfig
-
-    ap = argparse.ArgumentParser(prog="python -m depthpack.data.store", description=main.__doc__)
-    ap.add_argument("--config", required=True, help="a training config (its data and model.img_size)")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides of the config (preset=, model.*, data.*)")
-    ap.add_argument("--splits", nargs="+", default=["val", "train"], choices=("train", "val"))
-    ap.add_argument("--processes", type=int, default=None, help="default: every core")
-    ap.add_argument("--budget", type=float, default=None, help="seconds for the train split (val always completes)")
-    a = ap.parse_args(argv)
-    y = deep_merge(load_yaml(a.config), parse_overrides(a.overrides))
-    size = model_config(y.get("preset", "vits"), **coerce_dict(ModelConfig, dict(y.get("model") or {}))).img_size
-    dcfg = from_dict(DataConfig, coerce_dict(DataConfig, dict(y.get("data") or {})))
-    if dcfg.kind != "synthetic":
-        raise ValueError(f"scene stores hold synthetic scenes; the config's data.kind is {dcfg.kind!r}")
-    for split in a.splits:
-        t0 = time.perf_counter()
-        s = open_store(dcfg, split, size, processes=a.processes, budget_s=a.budget if split == "train" else None)
-        print(json.dumps({"split": split, "store": str(s.path), "n": s.n, "wanted": s.meta["wanted"],
-                          "complete": s.meta["complete"], "render_s": s.meta["seconds"],
-                          "open_s": round(time.perf_counter() - t0, 2)}), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return render_store(cfg, split, size, n, render, processes, budget_s, progress)

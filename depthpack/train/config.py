@@ -2,6 +2,7 @@
 `key=value` overrides (dotted for model.* and data.*); unknown keys and nonsense values are errors."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,22 @@ class TrainConfig:
         buckets = self.model_config().buckets
         hi = buckets[-1] if self.q_max is None else self.q_max
         return list(range(max(1, self.q_min), hi + 1))
+
+
+def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:
+    """Q for a step, the same on every rank: a bucket uniformly, then Q uniformly inside its range
+    (previous bucket, bucket] clipped to [q_min, q_max]; or uniformly from cfg.queries when given."""
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    if cfg.queries is not None:
+        return rng.choice(cfg.queries)
+    choices = set(cfg.query_choices())
+    ranges, prev = [], 0
+    for b in buckets:
+        r = [q for q in range(prev + 1, b + 1) if q in choices]
+        if r:
+            ranges.append(r)
+        prev = b
+    return rng.choice(rng.choice(ranges))
 
 
 def _int_in_list(q) -> int:

@@ -31,7 +31,7 @@ from torch.utils.data import DistributedSampler
 from ..core.config import ModelConfig
 from ..data.queries import sobel_magnitude
 from ..data.store import SceneStore, decode_rows
-from .config import TrainConfig
+from .config import TrainConfig, draw_q
 
 LOAD_CHUNK_BYTES = 256 << 20  # host -> device copy in pieces of this size (no giant staging buffer)
 
@@ -141,8 +141,6 @@ def device_stream(n: int, cfg: TrainConfig, world: int, rank: int, start_step: i
                   device: torch.device) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(step, q, idx [B] on the device) for steps start_step+1 .. cfg.steps: the batch order of the host
     stream (a DistributedSampler permutation per epoch) and its Q (draw_q)."""
-    from .loop import draw_q
-
     sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
     per_epoch = len(sampler) // cfg.batch_size
     if per_epoch == 0:

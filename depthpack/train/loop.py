@@ -47,7 +47,8 @@ from ..core.model import DepthPack
 from ..core.packing import bucket_for, patch_of_points
 from ..data import make_dataset, sample_queries
 from ..eval.evaluate import quick_eval
-from .config import TrainConfig
+from .config import TrainConfig, draw_q  # noqa: F401  (draw_q: the host stream's Q, re-exported)
+from .device_data import DeviceScenes, device_stream
 from .losses import SiLogLoss
 
 LOG_FIELDS = ["step", "loss", "silog", "distill", "lr", "q", "bucket", "grad_norm", "imgs_per_s", "elapsed_s",
@@ -198,22 +199,6 @@ def batch_stream(dataset, cfg: TrainConfig, d: Dist, start_step: int, buckets: t
         for q, batch in zip(qs, loader):
             step += 1
             yield step, q, batch
-
-
-def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:
-    """Q for a step, the same on every rank: a bucket uniformly, then Q uniformly inside its range
-    (previous bucket, bucket] clipped to [q_min, q_max]; or uniformly from cfg.queries when given."""
-    rng = random.Random(cfg.seed * 1_000_003 + step)
-    if cfg.queries is not None:
-        return rng.choice(cfg.queries)
-    choices = set(cfg.query_choices())
-    ranges, prev = [], 0
-    for b in buckets:
-        r = [q for q in range(prev + 1, b + 1) if q in choices]
-        if r:
-            ranges.append(r)
-        prev = b
-    return rng.choice(rng.choice(ranges))
 
 
 def targets_for_batch(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -407,7 +392,6 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         train_set.prefill(processes=os.cpu_count() or 1, progress=d.main and cfg.progress)
     scenes = None
     if cfg.data.device_cache:  # every scene in one tensor on the device; batches made there
-        from .device_data import DeviceScenes, device_stream
         scenes = DeviceScenes(train_set.store, d.device, cfg, mcfg, d.rank)
         stream = device_stream(scenes.n, cfg, d.world, d.rank, start_step, mcfg.buckets, d.device)
     else:

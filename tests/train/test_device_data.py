@@ -10,7 +10,8 @@ import torch
 
 from depthpack.core.packing import bucket_for
 from depthpack.data import DataConfig, make_dataset
-from depthpack.data.store import RowLayout, decode_rows, encode_row, find_store, open_store
+from depthpack.data.store import decode_rows, find_store, open_store
+from depthpack.data.synthetic import render
 from depthpack.train.device_data import DeviceScenes, device_stream, gumbel_topk, sample_points
 from test_train import tiny_cfg, weights
 
@@ -20,12 +21,10 @@ SIZE = (16, 24)
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     cfg = DataConfig(scene="mixed", rig="varied", num_samples=10, num_val=3, cache_dir=str(tmp_path_factory.mktemp("st")))
-    return cfg, open_store(cfg, "train", SIZE, processes=2)
+    return cfg, open_store(cfg, "train", SIZE, render, processes=2)
 
 
 def test_store_rows_round_trip_and_match_the_renderer(store):
-    from depthpack.data.synthetic import render
-
     cfg, st = store
     assert st.n == 10 and st.meta["complete"] and st.rows.dtype == np.uint8 and st.layout.row_bytes % 4 == 0
     for i in (0, 7):
@@ -49,9 +48,9 @@ def test_store_rows_round_trip_and_match_the_renderer(store):
 
 def test_store_cut_by_its_budget_keeps_the_first_scenes(tmp_path):
     cfg = DataConfig(scene="indoor", num_samples=50, cache_dir=str(tmp_path))
-    st = open_store(cfg, "train", SIZE, processes=1, budget_s=1e-9)  # spent at the first scene
+    st = open_store(cfg, "train", SIZE, render, processes=1, budget_s=1e-9)  # spent at the first scene
     assert 1 <= st.n < 50 and not st.meta["complete"] and st.meta["wanted"] == 50
-    again = open_store(cfg, "train", SIZE, processes=1)  # accepted as it is: not rendered again
+    again = open_store(cfg, "train", SIZE, render, processes=1)  # accepted as it is: not rendered again
     assert again.n == st.n and again.meta["seconds"] == st.meta["seconds"]
     assert len(make_dataset(cfg, "train", SIZE, 0.1, 80.0)) == st.n
 
@@ -188,3 +187,25 @@ def test_compiled_step_matches_eager(tmp_path):
     la = [float(r.split(",")[1]) for r in (tmp_path / "eager" / "log.csv").read_text().splitlines()[1:]]
     lb = [float(r.split(",")[1]) for r in (tmp_path / "comp" / "log.csv").read_text().splitlines()[1:]]
     assert la == pytest.approx(lb, rel=1e-4)
+
+
+@pytest.mark.gpu
+def test_device_path_on_cuda(store, tmp_path):
+    """The CUDA-only pieces: the generator on the GPU, CUDA-event timing, fused AdamW, bf16 autocast."""
+    from depthpack.train import train
+
+    _, st = store
+    cfg = tiny_cfg(tmp_path, "hflip=true", "extra_points=2", "model.img_size=[16,24]", "batch_size=4", "device=cuda")
+    data = DeviceScenes(st, torch.device("cuda"), cfg, cfg.model_config())
+    idx = torch.tensor([1, 2, 3, 4], device="cuda")
+    b = data.batch(idx, 5, 8, step=3)
+    again = data.batch(idx, 5, 8, step=3)
+    assert b.images.is_cuda and torch.equal(b.points, again.points) and torch.equal(b.valid, again.valid)
+    xy = b.points[:, :5].long()
+    img_valid = (b.target[:, :5] > 0) == b.valid[:, :5]
+    assert img_valid.all() and (xy[..., 0] < 24).all() and (xy[..., 1] < 16).all()
+    s = train(tiny_cfg(tmp_path / "run", f"data.cache_dir={tmp_path / 'cache'}", *DEV, "device=cuda", "steps=30",
+                       "log_every=5"))
+    t = s["throughput"]
+    assert t["clock"] == "cuda events" and t["timed_steps"] > 0 and t["imgs_per_s"] > 0 and s["device"].startswith("cuda")
+    assert 0 < t["data_ms"] and 0 < t["compute_ms"]
