@@ -8,6 +8,9 @@
 #      off, the dense map, the share of patches selected, curve.png
 #   OUT=DIR bash scripts/gpu_scale.sh                  # on the H200 (python3 = torch 2.11 + triton 3.6)
 #   SCALE_SMOKE=1 OUT=DIR PY=.venv/bin/python bash scripts/gpu_scale.sh   # the same steps on a CPU, tiny
+# Time on the H200 (estimated; limits in brackets): 1. about 100 s in the background [85 s budget for the
+# train split], 2. about 40 s [45], 3. [330, or what the deadline leaves after reserving 60 s for 4.],
+# 4. 30-60 s [everything left]; the whole script stops by DEADLINE_S = 530 s.
 # Leaves 8 files in $OUT: scale.log, throughput.json, train_summary.json, train_log.csv, eval.md,
 # eval.json, curve.png, eval.png. Every step has its own time limit and writes what it has as it goes.
 set -u -o pipefail
@@ -98,7 +101,7 @@ cp "$WORK/train/summary.json" "$OUT/train_summary.json" 2>/dev/null
 cp "$WORK/train/log.csv" "$OUT/train_log.csv" 2>/dev/null
 
 step "4. evaluate: the held-out scenes (data.num_val), Q = $QUERIES, anchors on/off, dense map, curve"
-timeout $(min $EVAL_S $(( $(left) - 2 ))) $PY -m depthpack.eval --checkpoint "$WORK/train" --queries $QUERIES --dense-map --curve \
+timeout $(( $(left) - 2 )) $PY -m depthpack.eval --checkpoint "$WORK/train" --queries $QUERIES --dense-map --curve \
   --batch-size 16 --figure-images 1 --no-progress --out "$WORK/eval" > "$WORK/eval.log" 2>&1
 echo "eval exit $?" | tee -a "$LOG"
 for f in eval.md eval.json curve.png eval.png; do cp "$WORK/eval/$f" "$OUT/$f" 2>/dev/null; done
