@@ -5,7 +5,8 @@
 #      data path included, while 1. goes on (it needs a small store of its own, rendered first)
 #   3. train configs/scale.yaml, steps set from 2.'s measured rate so the schedule ends in the time
 #   4. evaluate on the 256 held-out scenes: packed / masked / dense, Q = 16 64 256 1024, anchors on and
-#      off, the dense map, the share of patches selected, curve.png
+#      off, the dense map, the share of patches selected, curve.png, and the packed path again on 512-
+#      and 1024-slot buffers for the same queries (what more context buys, if packed trails dense)
 #   OUT=DIR bash scripts/gpu_scale.sh                  # on the H200 (python3 = torch 2.11 + triton 3.6)
 #   SCALE_SMOKE=1 OUT=DIR PY=.venv/bin/python bash scripts/gpu_scale.sh   # the same steps on a CPU, tiny
 # Time on the H200 (estimated; limits in brackets): 1. about 100 s in the background [85 s budget for the
@@ -30,12 +31,12 @@ RENDER_PROCS=$(( NPROC > 4 ? NPROC - 2 : NPROC ))   # two cores left for the thr
 if [ "${SCALE_SMOKE:-0}" = 1 ]; then   # the whole pipeline at the tiny size, for a CPU: minutes, not hours
   COMMON=(preset=tiny model.img_size=[64,64] data.num_samples=96 data.num_val=8 data.cache_dir="$WORK/scenes"
           eval_images=4 log_every=2 warmup_steps=2 ckpt_every=1000)
-  THR_N=24; THR_BATCHES="4 8"; THR_SEC=3; RECIPE_BATCH=8; QUERIES="4 16 64"
+  THR_N=24; THR_BATCHES="4 8"; THR_SEC=3; RECIPE_BATCH=8; QUERIES="4 16 64"; CONTEXT="32 64"
   RENDER_S=${RENDER_S:-20}; THR_S=${THR_S:-150}; TRAIN_S=${TRAIN_S:-200}; EVAL_S=${EVAL_S:-200}
   MAX_STEPS=12; DEADLINE_S=${DEADLINE_S:-1500}; TRAIN_OVERHEAD_S=${TRAIN_OVERHEAD_S:-150}
 else
   COMMON=(data.cache_dir="$WORK/scenes" data.render_budget_s=60)  # (the budget: only if the train step must render)
-  THR_N=256; THR_BATCHES="16 64"; THR_SEC=${THR_SEC:-11}; RECIPE_BATCH=64; QUERIES="16 64 256 1024"
+  THR_N=256; THR_BATCHES="16 64"; THR_SEC=${THR_SEC:-11}; RECIPE_BATCH=64; QUERIES="16 64 256 1024"; CONTEXT="512 1024"
   RENDER_S=${RENDER_S:-85}; THR_S=${THR_S:-45}; TRAIN_S=${TRAIN_S:-330}; EVAL_S=${EVAL_S:-60}
   MAX_STEPS=${MAX_STEPS:-30000}
 fi
@@ -101,7 +102,7 @@ cp "$WORK/train/summary.json" "$OUT/train_summary.json" 2>/dev/null
 cp "$WORK/train/log.csv" "$OUT/train_log.csv" 2>/dev/null
 
 step "4. evaluate: the held-out scenes (data.num_val), Q = $QUERIES, anchors on/off, dense map, curve"
-timeout $(( $(left) - 2 )) $PY -m depthpack.eval --checkpoint "$WORK/train" --queries $QUERIES --dense-map --curve \
+timeout $(( $(left) - 2 )) $PY -m depthpack.eval --checkpoint "$WORK/train" --queries $QUERIES --dense-map --curve --context $CONTEXT \
   --batch-size 16 --figure-images 1 --no-progress --out "$WORK/eval" > "$WORK/eval.log" 2>&1
 echo "eval exit $?" | tee -a "$LOG"
 for f in eval.md eval.json curve.png eval.png; do cp "$WORK/eval/$f" "$OUT/$f" 2>/dev/null; done

@@ -36,7 +36,8 @@ import torch
 
 from ..core.checkpoint import load_model, resolve_checkpoint, stored_config
 from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
-from ..core.packing import patch_of_points
+from ..core.packing import bucket_for, pad_points, patch_of_points
+from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..data import make_dataset, sample_queries
 from ..data.config import DataConfig
@@ -62,6 +63,8 @@ class EvalSettings:
     progress: bool = True
     dense_map: bool = False  # also the dense map's metrics over every valid pixel in the crop
     shares: bool = False  # the share of patches the packed path runs at each Q (for the curve)
+    context: tuple[int, ...] = ()  # packed path again on these larger buffers (K patch slots > Q's bucket):
+    #                                rows "packed@K", what more context tokens for the same queries buy
     focal: str = "data"  # "data": each image's focal length where the data set has it (0 = unknown);
     #                      "default": none given (the model's focal_default); models without a focal input ignore it
 
@@ -111,6 +114,16 @@ def focal_report(focals: list[float], s: "EvalSettings", model) -> dict[str, Any
     out.update(images_with_focal=len(known), focal_min=min(known) if known else None,
                focal_max=max(known) if known else None)
     return out
+
+
+def run_packed_on(model, k: int, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor:
+    """The packed path with a K-slot buffer for Q <= K queries (the points padded as every runner pads
+    them): the same queries with more context tokens. -> depth [B,Q]."""
+    q = points.shape[1]
+    with torch.inference_mode():
+        images, points = check_inputs(images, points, model.cfg.patch_size)
+        focal = check_focal(focal, images.shape[0], images.device)
+        return model.forward_packed(images, pad_points(points, k), k, focal)[:, :q].float()
 
 
 # ---- the evaluation -----------------------------------------------------------------------------
@@ -165,6 +178,11 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
                         pred = run_path(model, path, images, points, focal).cpu()
                         acc = per.setdefault((path, a, q), MetricAccumulator("image", s.median_scaling))
                         acc.update(pred, gt, batched=True)
+                    for k in s.context:
+                        if k > bucket_for(min(q, model.cfg.buckets[-1]), model.cfg.buckets) and q <= k:
+                            pred = run_packed_on(model, k, images, points, focal).cpu()
+                            acc = per.setdefault((f"packed@{k}", a, q), MetricAccumulator("image", s.median_scaling))
+                            acc.update(pred, gt, batched=True)
             if s.dense_map:
                 dense_map_update(model, samples, s, maps, device)
             bar.update(len(samples))
@@ -260,7 +278,8 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
     head = "| path | anchors | Q | " + " | ".join(METRICS) + " |"
     lines = [f"# {title}" if title else "", "", head, "|" + " --- |" * (3 + len(METRICS))]
     order = {p: i for i, p in enumerate(PATHS)}
-    rows = sorted(result["rows"], key=lambda r: (r["queries"], not r["anchors"], order.get(r["path"], 9)))
+    rows = sorted(result["rows"], key=lambda r: (r["queries"], not r["anchors"], order.get(r["path"], 9),
+                                                 int(r["path"].split("@")[1]) if "@" in r["path"] else 0))
     for q in sorted({r["queries"] for r in rows}):
         for r in [r for r in rows if r["queries"] == q] + [c for c in result["constant"] if c["queries"] == q]:
             a = "-" if r["anchors"] is None else ("on" if r["anchors"] else "off")
@@ -330,14 +349,21 @@ def curve_figure(result: dict[str, Any], path: str | Path) -> Path:
         if name == "packed" and a:
             for x, y, q in pts:
                 ax.annotate(f"Q={q}", (100 * x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    n = result["shares"][0]["patches"] if result["shares"] else 1
+    ctx = sorted((min(int(r["path"].split("@")[1]), n) / n, r["abs_rel"], r["queries"]) for r in result["rows"]
+                 if r["path"].startswith("packed@") and r["anchors"])
+    if ctx:
+        ax.plot([100 * x for x, _, _ in ctx], [y for _, y, _ in ctx], "D", mfc="none", label="packed, larger buffer (same Q)")
+        for x, y, q in ctx:
+            ax.annotate(f"Q={q}", (100 * x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
     for r in result.get("dense_map") or []:
         if r["anchors"]:
             ax.axhline(r["abs_rel"], color="gray", lw=0.8, label="dense map, every valid pixel")
     ax.set_xlabel("patches in the packed buffer (% of the dense path's)")
     ax.set_ylabel("AbsRel (lower is better)")
     ax.set_xscale("log")
-    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200) if min(100 * v for v in shares.values()) / 1.5 <= t
-             <= max(100 * v for v in shares.values()) * 1.5]
+    xs_all = [100 * v for v in shares.values()] + [100 * x for x, _, _ in ctx]
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200) if min(xs_all) / 1.5 <= t <= max(xs_all) * 1.5]
     ax.set_xticks(ticks, [f"{t:g}%" for t in ticks])
     ax.minorticks_off()
     ax.grid(alpha=0.3)
@@ -442,6 +468,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--curve", action="store_true",
                     help="the share of patches the packed path runs at each Q, and curve.png: AbsRel against it, "
                          "packed and dense")
+    ap.add_argument("--context", type=int, nargs="*", default=[],
+                    help="also run the packed path on these larger buffers (patch slots) for the same queries: rows "
+                         "packed@K, what more context tokens buy (e.g. --context 512 1024)")
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -461,7 +490,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
     s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
                      edge_frac=a.edge_frac, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
-                     progress=not a.no_progress, focal=a.focal, dense_map=a.dense_map, shares=a.curve)
+                     progress=not a.no_progress, focal=a.focal, dense_map=a.dense_map, shares=a.curve,
+                     context=tuple(a.context))
     result = evaluate(model, ds, s)
     cdir = resolve_checkpoint(a.checkpoint)
     result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc))

@@ -85,8 +85,12 @@ def test_dense_map_and_curve_options(run_dir, tmp_path):
     plain = main(args + ["--out", str(tmp_path / "plain")])
     assert "dense_map" not in plain and "shares" not in plain  # the defaults are unchanged
     assert "Dense map" not in (tmp_path / "plain" / "eval.md").read_text()
-    r = main(args + ["--out", str(tmp_path / "x"), "--dense-map", "--curve"])
-    assert r["rows"] == plain["rows"]
+    r = main(args + ["--out", str(tmp_path / "x"), "--dense-map", "--curve", "--context", "32", "64"])
+    assert [x for x in r["rows"] if "@" not in x["path"]] == plain["rows"]
+    rows = {(x["path"], x["queries"]): x["abs_rel"] for x in r["rows"]}
+    assert set(p for p, _ in rows) == {"packed", "masked", "dense", "packed@32", "packed@64"}
+    assert ("packed@32", 100) not in rows  # only buffers larger than the Q's own bucket
+    assert rows[("packed@64", 8)] == pytest.approx(rows[("dense", 8)], rel=1e-5)  # 64 slots: every patch
     assert (tmp_path / "x" / "curve.png").stat().st_size > 0
     md = (tmp_path / "x" / "eval.md").read_text()
     assert "| dense map | on |" in md and "| Q | buffer share |" in md
