@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from depthpack.core.preprocess import focal_at_size
+from depthpack.core.preprocess import focal_at_size, scale_focal
 from depthpack.data import DataConfig, make_dataset, read_depth
 from depthpack.data.common import BadSample
 from depthpack.data.formats import kinect_disparity_to_meters, read_pgm16
@@ -21,6 +21,12 @@ def test_focal_at_size_is_the_geometric_mean_after_the_resize():
     assert focal_at_size(500.0, 500.0, (480, 640), (240, 320)) == pytest.approx(250.0)
     # aspect change: fx scales with the width, fy with the height
     assert focal_at_size(518.0, 519.0, (480, 640), (64, 64)) == pytest.approx(math.sqrt(518 * 0.1 * 519 * 64 / 480))
+
+
+def test_scale_focal_is_focal_at_size_as_a_tensor():
+    f = scale_focal(torch.tensor([math.sqrt(518.0 * 519.0), 0.0]), (480, 640), (64, 64))
+    assert float(f[0]) == pytest.approx(focal_at_size(518.0, 519.0, (480, 640), (64, 64)), rel=1e-6)
+    assert float(f[1]) == 0.0 and f.dtype == torch.float32  # unknown stays unknown
 
 
 def test_synthetic_samples_carry_the_renderers_focal():
