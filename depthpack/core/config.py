@@ -10,7 +10,7 @@ import dataclasses
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,14 @@ class ModelConfig:
     head_abs_pos: bool = False  # the head also reads the point's position in the image (Fourier, same freqs)
     min_depth: float = 0.1  # meters
     max_depth: float = 80.0
+    # metric depth that follows the lens (Metric3D's canonical camera): None = off (no focal input,
+    # today's behaviour and weights). Else the head predicts depth as seen by a camera of this focal
+    # length (pixels at img_size) and the output is scaled by f / canonical_focal, f the image's
+    # focal length (pixels of the image the model sees; 0 = unknown: focal_default).
+    canonical_focal: float | None = None
+    focal_default: float | None = None  # the focal assumed when none is given; None = canonical_focal
+    focal_ratio_range: tuple[float, float] = (0.5, 2.0)  # f / canonical_focal over which every depth
+    #   in [min_depth, max_depth] stays reachable: the head's canonical range is widened by it
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # ImageNet, as DINOv2
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     backbone_weights: str | None = None  # local timm/DINOv2 state dict; nothing is downloaded
@@ -57,8 +65,21 @@ class ModelConfig:
             problems.append(f"need 0 < min_depth < max_depth, got {self.min_depth}, {self.max_depth}")
         if min(self.std) <= 0:
             problems.append(f"std {self.std} must be > 0")
+        for name in ("canonical_focal", "focal_default"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                problems.append(f"{name} must be a positive number of pixels or null, got {v!r}")
+        if self.focal_default is not None and self.canonical_focal is None:
+            problems.append("focal_default needs canonical_focal (the focal input is off without it)")
+        lo_hi = self.focal_ratio_range
+        if len(lo_hi) != 2 or not 0 < lo_hi[0] <= 1 <= lo_hi[1]:
+            problems.append(f"focal_ratio_range must be (lo, hi) with 0 < lo <= 1 <= hi, got {lo_hi}")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
+
+    @property
+    def uses_focal(self) -> bool:
+        return self.canonical_focal is not None
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -10,6 +10,13 @@ cores the runtimes compile and capture, all of signature (images, points, bucket
 
 images [B,3,H,W] float RGB in [0,1] (normalized inside); points [B,Q,2] float (x, y) pixels.
 A point (x, y) belongs to pixel (floor(x), floor(y)) and to patch (floor(y/p), floor(x/p)).
+
+focal (optional, every path): [B] float32, each image's focal length in pixels of the image the model
+sees (sqrt(fx * fy) after the resize to it; 0 = unknown). A model with cfg.canonical_focal predicts
+depth in a canonical camera of that focal length and scales it by f / canonical_focal (Metric3D's
+canonical camera: the same scene through a longer lens looks like a nearer one); absent or 0, f is
+cfg.focal_default. A model without canonical_focal ignores focal. The static cores take it as a tensor
+(images, points, bucket, focal); None there is the default, filled in as a constant inside the graph.
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from .config import ModelConfig, model_config
 from .packing import key_mask_from_index, patch_of_points, run_chunked, select_tokens, spread_rank
-from .validation import check_images, check_inputs
+from .validation import check_focal, check_images, check_inputs
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -46,10 +53,14 @@ class QueryHead(nn.Module):
     """
 
     def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float,
-                 abs_img_size: tuple[int, int] | None = None):
+                 abs_img_size: tuple[int, int] | None = None, canonical_range: tuple[float, float] | None = None):
         super().__init__()
         self.patch_size = patch_size
-        self.log_min, self.log_max = math.log(min_depth), math.log(max_depth)
+        self.min_depth, self.max_depth = float(min_depth), float(max_depth)
+        # the sigmoid's range: the metric range, or (with the focal scaling) the canonical camera's
+        # range, wide enough that scale * depth still reaches every metric depth (see decode)
+        lo, hi = canonical_range if canonical_range is not None else (min_depth, max_depth)
+        self.log_min, self.log_max = math.log(lo), math.log(hi)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.tok = nn.Linear(dim, hidden)
         self.off = nn.Linear(2 + 4 * freqs, hidden, bias=False)
@@ -82,13 +93,18 @@ class QueryHead(nn.Module):
         wh = torch.tensor(self.abs_wh, dtype=torch.float32, device=points.device)
         return self.fourier(points.float() / wh - 0.5)
 
-    def decode(self, htok: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-        # htok [B,Q,hidden] (the query's token), points [B,Q,2] -> depth [B,Q] float32 meters
+    def decode(self, htok: torch.Tensor, points: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        # htok [B,Q,hidden] (the query's token), points [B,Q,2] -> depth [B,Q] float32 meters.
+        # scale [B] (f / canonical focal): the head's depth is the canonical camera's, bounded to the
+        # widened canonical range; scaled, it is clamped to the metric [min_depth, max_depth]
         h = htok + self.off(self.encode_offset(points).to(htok.dtype))
         if self.pos is not None:
             h = h + self.pos(self.encode_position(points).to(htok.dtype))
         t = torch.sigmoid(self.mlp(h).squeeze(-1).float())
-        return torch.exp(self.log_min + (self.log_max - self.log_min) * t)
+        depth = torch.exp(self.log_min + (self.log_max - self.log_min) * t)
+        if scale is None:
+            return depth
+        return (depth * scale.float().unsqueeze(-1)).clamp(self.min_depth, self.max_depth)
 
 
 class DepthPack(nn.Module):
@@ -108,8 +124,10 @@ class DepthPack(nn.Module):
         anchor_pos = resample_abs_pos_embed(self.backbone.pos_embed.detach()[:, 1:], new_size=(g, g),
                                             old_size=(gh, gw), num_prefix_tokens=0) if g else torch.zeros(1, 0, cfg.embed_dim)
         self.anchor_pos = nn.Parameter(anchor_pos.clone())
+        lo, hi = cfg.focal_ratio_range
+        canonical = (cfg.min_depth / hi, cfg.max_depth / lo) if cfg.uses_focal else None
         self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth,
-                              cfg.img_size if cfg.head_abs_pos else None)
+                              cfg.img_size if cfg.head_abs_pos else None, canonical)
         self.register_buffer("mean", torch.tensor(cfg.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg.std).view(1, 3, 1, 1), persistent=False)
         # the selection's tie-breaker as integer ranks (rank / N in float32 at use): rounded to bf16
@@ -224,6 +242,26 @@ class DepthPack(nn.Module):
             rank, order = spread_rank(*grid, device=images.device), None
         return select_tokens(points, bucket, self.cfg.patch_size, grid, rank, self.selection, order)
 
+    def focal_scale(self, images: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor | None:
+        """f / canonical_focal per image [B] float32 (None: the model has no focal input).
+
+        focal [B] in pixels of `images` (0 = unknown: cfg.focal_default); None = every image the
+        default. At a size other than cfg.img_size the focal is compared at the model's size (scaled
+        by sqrt(H0*W0 / (H*W)), static shapes). Branch-free: export and graphs see one function."""
+        cfg = self.cfg
+        if not cfg.uses_focal:
+            return None
+        default = float(cfg.focal_default or cfg.canonical_focal)
+        B = images.shape[0]
+        if focal is None:
+            f = torch.full((B,), default, dtype=torch.float32, device=images.device)
+        else:
+            f = focal.to(device=images.device, dtype=torch.float32).reshape(-1).expand(B)
+            f = torch.where(f > 0, f, torch.full_like(f, default))
+        H, W = images.shape[-2:]
+        H0, W0 = cfg.img_size
+        return f * (math.sqrt((H0 * W0) / (H * W)) / float(cfg.canonical_focal))
+
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
     def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
                          attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -234,18 +272,22 @@ class DepthPack(nn.Module):
         tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,1+A+S,D]
         return self.run_blocks(tokens, attn_mask)[:, pre.shape[1]:]
 
-    def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-        """feats [B,S,D], slot [B,Q] (the token of each query), points [B,Q,2] -> depth [B,Q] float32."""
+    def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor,
+                     scale: torch.Tensor | None = None) -> torch.Tensor:
+        """feats [B,S,D], slot [B,Q] (the token of each query), points [B,Q,2], scale [B] (focal_scale)
+        -> depth [B,Q] float32."""
         htok = self.head.token_features(feats)  # [B,S,h]
         htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
-        return self.head.decode(htok, points)
+        return self.head.decode(htok, points, scale)
 
-    def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int) -> torch.Tensor:
+    def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
+                       focal: torch.Tensor | None = None) -> torch.Tensor:
         """Packed path for Q <= bucket queries: cls + anchors + the selected patches. -> depth [B,Q]."""
         index, slot = self.select(images, points, bucket)
-        return self.forward_head(self.forward_features(images, index), slot, points)
+        return self.forward_head(self.forward_features(images, index), slot, points, self.focal_scale(images, focal))
 
-    def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int) -> torch.Tensor:
+    def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
+                            focal: torch.Tensor | None = None) -> torch.Tensor:
         """Masked baseline: all 1+A+N tokens, keys restricted to the packed selection."""
         index, _ = self.select(images, points, bucket)
         grid = self.grid_of(images)
@@ -255,34 +297,41 @@ class DepthPack(nn.Module):
         attn_mask = torch.zeros(keep.shape, dtype=dtype, device=images.device)
         attn_mask = attn_mask.masked_fill(~keep, torch.finfo(dtype).min)[:, None, None, :]
         feats = self.forward_features(images, None, attn_mask)  # [B,N,D]
-        return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, grid), points)
+        return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, grid), points,
+                                 self.focal_scale(images, focal))
 
-    def forward_dense_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None = None) -> torch.Tensor:
+    def forward_dense_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None = None,
+                           focal: torch.Tensor | None = None) -> torch.Tensor:
         """Dense path at points: every token, no mask (bucket unused: the same signature as the others)."""
         feats = self.forward_features(images)
-        return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, self.grid_of(images)), points)
+        return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, self.grid_of(images)), points,
+                                 self.focal_scale(images, focal))
 
     # ---- public, checked API --------------------------------------------------------------------
-    def forward(self, images: torch.Tensor, points) -> torch.Tensor:
-        """Packed path: depth [B,Q] float32 meters at each (x, y) point."""
+    def forward(self, images: torch.Tensor, points, focal=None) -> torch.Tensor:
+        """Packed path: depth [B,Q] float32 meters at each (x, y) point. focal: None, a number or [B]
+        pixels (0 = unknown); see the module docstring."""
         images, points = check_inputs(images, points, self.cfg.patch_size)
-        return run_chunked(self.forward_packed, images, points, self.cfg.buckets)
+        focal = check_focal(focal, images.shape[0], images.device)
+        return run_chunked(self.forward_packed, images, points, self.cfg.buckets, focal)
 
-    def forward_masked(self, images: torch.Tensor, points) -> torch.Tensor:
+    def forward_masked(self, images: torch.Tensor, points, focal=None) -> torch.Tensor:
         images, points = check_inputs(images, points, self.cfg.patch_size)
-        return run_chunked(self.forward_masked_core, images, points, self.cfg.buckets)
+        focal = check_focal(focal, images.shape[0], images.device)
+        return run_chunked(self.forward_masked_core, images, points, self.cfg.buckets, focal)
 
-    def forward_dense(self, images: torch.Tensor, points=None) -> torch.Tensor:
+    def forward_dense(self, images: torch.Tensor, points=None, focal=None) -> torch.Tensor:
         """All tokens, no mask. With points: depth [B,Q]; without: a full-resolution map [B,H,W]."""
         if points is None:
             images = check_images(images, self.cfg.patch_size)
-            return self.depth_map(images)
+            return self.depth_map(images, check_focal(focal, images.shape[0], images.device))
         images, points = check_inputs(images, points, self.cfg.patch_size)
+        focal = check_focal(focal, images.shape[0], images.device)
         if points.shape[1] == 0:
             return torch.zeros(images.shape[0], 0, device=images.device)
-        return self.forward_dense_core(images, points)
+        return self.forward_dense_core(images, points, None, focal)
 
-    def depth_map(self, images: torch.Tensor) -> torch.Tensor:
+    def depth_map(self, images: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
         """Dense depth at every integer pixel (x, y): [B,H,W], equal to querying each pixel."""
         B, _, H, W = images.shape
         p = self.cfg.patch_size
@@ -292,7 +341,7 @@ class DepthPack(nn.Module):
         htok = htok.view(B, gh, 1, gw, 1, hd).expand(B, gh, p, gw, p, hd)  # token of each pixel
         ys, xs = torch.meshgrid(torch.arange(H, device=images.device), torch.arange(W, device=images.device), indexing="ij")
         pts = torch.stack([xs, ys], -1).float().view(1, gh, p, gw, p, 2).expand(B, -1, -1, -1, -1, -1)
-        depth = self.head.decode(htok.reshape(B, H * W, hd), pts.reshape(B, H * W, 2))
+        depth = self.head.decode(htok.reshape(B, H * W, hd), pts.reshape(B, H * W, 2), self.focal_scale(images, focal))
         return depth.view(B, gh, p, gw, p).reshape(B, H, W)
 
 

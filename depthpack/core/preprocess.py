@@ -5,6 +5,8 @@ Predictor (inside its CUDA graphs), the exported packages and the C++ runner all
       -> float32 [3,h,w] RGB -> bilinear resize to the model's (H, W) (align_corners=False, no
          antialias: torch.nn.functional.interpolate) -> / 255 -> [3,H,W] in [0,1]
     points (x, y) in the frame's pixels -> * (W / w, H / h) in float32
+    focal (fx, fy) in the frame's pixels -> sqrt(fx * W / w * fy * H / h) (focal_at_size; scale_focal
+      for a tensor of sqrt(fx * fy) per frame, 0 = unknown)
 Normalization by mean and std happens inside the model. Image files are decoded by OpenCV, after a
 check that the file is complete (a truncated JPEG or PNG decodes without complaint otherwise).
 """
@@ -57,6 +59,22 @@ def scale_points(points, frame_size: tuple[int, int], size: tuple[int, int]) -> 
     # Python-number factors (float32 in the product): no tensor is made, so it captures in a CUDA graph
     sx, sy = float(np.float32(W / w)), float(np.float32(H / h))  # the factors rounded to float32, as before
     return torch.stack([pts[..., 0] * sx, pts[..., 1] * sy], dim=-1)
+
+
+def focal_at_size(fx: float, fy: float, frame_size: tuple[int, int], size: tuple[int, int]) -> float:
+    """The focal length the model sees, in pixels: sqrt(fx' * fy') after a frame (h, w) with focal
+    lengths (fx, fy) in its pixels is scaled to (H, W) (fx' = fx * W / w, fy' = fy * H / h; a crop
+    after the scaling leaves them unchanged). The one definition for data sets and runtimes."""
+    (h, w), (H, W) = frame_size, size
+    return float(np.sqrt((float(fx) * W / w) * (float(fy) * H / h)))
+
+
+def scale_focal(focal: torch.Tensor, frame_size: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """focal [B] (sqrt(fx * fy) in the frame's pixels; 0 = unknown) -> in the model image's pixels:
+    * sqrt(W / w * H / h), a constant of the static sizes (inside graphs and packages, as scale_points);
+    0 stays 0 (the model's default)."""
+    (h, w), (H, W) = frame_size, size
+    return focal.to(torch.float32) * float(np.sqrt((W / w) * (H / h)))
 
 
 def check_complete(data: bytes, path) -> None:

@@ -68,6 +68,32 @@ def check_points_in_image(points: torch.Tensor, height: int, width: int) -> None
             f"(need 0 <= x < {width}, 0 <= y < {height}); first (x={float(x[b, q]):g}, y={float(y[b, q]):g}) at [{b}, {q}]")
 
 
+def check_focal(focal, batch: int, device=None) -> torch.Tensor | None:
+    """None, a number, or [B] / [] focal lengths in pixels -> float32 [B] on device (None stays None).
+    Each must be finite and >= 0 (0 = unknown: the model's default)."""
+    if focal is None:
+        return None
+    if not isinstance(focal, torch.Tensor):
+        try:
+            focal = torch.as_tensor(np.asarray(focal, dtype=np.float64))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"focal must be a number or [B] numbers (pixels), could not convert: {e}") from None
+    if focal.dtype == torch.bool or focal.is_complex() or not (focal.is_floating_point() or focal.dtype in (
+            torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)):
+        raise ValueError(f"focal must be real numbers (pixels), got dtype {focal.dtype}")
+    if focal.ndim == 0:
+        focal = focal.reshape(1).expand(batch)
+    if focal.ndim != 1 or focal.shape[0] != batch:
+        raise ValueError(f"focal must be a number or shape [B] = [{batch}], got {tuple(focal.shape)}")
+    f = focal.detach().to("cpu", torch.float64)
+    bad = ~torch.isfinite(f) | (f < 0)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"focal: {int(bad.sum())} of {batch} are not finite and >= 0 pixels "
+                         f"(0 = unknown); first {float(f[i])!r} at [{i}]")
+    return focal.to(device=device, dtype=torch.float32).contiguous()
+
+
 def check_inputs(images, points, patch_size: int, check_values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes, dtypes, batch and range of images [B,3,H,W] and points [B,Q,2]; returns float points."""
     images = check_images(images, patch_size, check_values)

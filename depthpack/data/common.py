@@ -14,18 +14,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..core.preprocess import frames_to_images
+from ..core.preprocess import focal_at_size, frames_to_images
+from .errors import BadSample  # noqa: F401  (re-exported: its home is errors.py, below every loader)
 
 log = logging.getLogger("depthpack.data")
-
-
-class BadSample(Exception):
-    """A sample that cannot be used: a missing or corrupt file, or no valid depth."""
-
-    def __init__(self, path, reason: str):
-        super().__init__(f"{path}: {reason}")
-        self.path = str(path)
-        self.reason = reason
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -105,11 +97,12 @@ def valid_mask(depth: np.ndarray, min_depth: float, max_depth: float) -> np.ndar
 
 
 def make_sample(rgb: np.ndarray, depth: np.ndarray, size: tuple[int, int], cfg, min_depth: float,
-                max_depth: float, name: str, path="") -> dict:
+                max_depth: float, name: str, path="", focal: tuple[float, float] | None = None) -> dict:
     """Native RGB [h,w,3] (uint8 or float in [0,1]) + depth [h,w] meters -> the sample dict at size.
 
     The RGB and depth may differ in size (then each is mapped to `size` on its own); the eval crop
-    is defined on the depth's native grid and resized with it.
+    is defined on the depth's native grid and resized with it. focal: (fx, fy) in pixels of the
+    native RGB, or None (unknown) -> sample["focal"], float32 pixels at size (0.0 = unknown).
     """
     if rgb.ndim != 3 or rgb.shape[2] != 3:
         raise BadSample(path, f"image has shape {rgb.shape}, expected [h,w,3]")
@@ -122,7 +115,12 @@ def make_sample(rgb: np.ndarray, depth: np.ndarray, size: tuple[int, int], cfg, 
     if not valid.any():
         raise BadSample(path, f"no valid depth in [{min_depth}, {max_depth}] m")
     d = np.where(valid, d, np.float32(0.0))
+    f = 0.0
+    if focal is not None:
+        _, _, (sh, sw, _, _) = source_indices(rgb.shape[0], rgb.shape[1], size, cfg.resize)
+        f = focal_at_size(focal[0], focal[1], rgb.shape[:2], (sh, sw))
     return dict(image=torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))),
+                focal=torch.tensor(f, dtype=torch.float32),
                 depth=torch.from_numpy(np.ascontiguousarray(d)),
                 valid=torch.from_numpy(np.ascontiguousarray(valid)),
                 eval_mask=torch.from_numpy(np.ascontiguousarray(valid & crop)),

@@ -24,6 +24,8 @@ resize (how a native sample reaches img_size (H, W)):
     "resize"       scale each axis to (H, W) (the aspect ratio may change); what depthpack.core.preprocess
                    and the C++ runner do at inference, so training sees what inference sees.
     "center_crop"  scale uniformly so the image covers (H, W), then cut the centered (H, W) window.
+Every sample carries "focal": the camera's focal length in pixels of the (H, W) image, sqrt(fx' fy')
+after the resize (0.0 where unknown; depthpack.data.intrinsics says where each data set's comes from).
 Synthetic scenes are rendered at (H, W) directly (no resize). Depth and masks of files always go
 through nearest-neighbour sampling at pixel centers (never a blend of valid
 and invalid values); the image through image_interp ("linear" as depthpack.core.preprocess, or "area",
@@ -57,10 +59,18 @@ class DataConfig:
     num_samples: int = 2000  # synthetic: size of the train split
     num_val: int = 64  # synthetic: size of the val split; nyu_mat without split_file: the last num_val images
     cache: bool = False  # synthetic: keep rendered samples in memory (per process), so later epochs cost nothing
+    cache_dir: str | None = None  # synthetic: keep rendered scenes on disk here (depthpack.data.store), rendered
+    #                               once by every core and read by later runs and evaluations
+    device_cache: bool = False  # synthetic, training: every scene in one uint8 tensor on the training device;
+    #                             batches, flips and query points made there (depthpack.train.device_data); needs cache_dir
+    render_budget_s: float | None = None  # stop rendering the train split after this many seconds, keep what is done
     seed: int = 0
     eval_crop: str | None = None  # None | "eigen_nyu" | "garg" | "eigen_kitti"
     resize: str = "resize"  # "resize" | "center_crop"
     image_interp: str = "linear"  # "linear" | "area"
+    focal: float | None = None  # focal length in pixels of the native files (fx = fy), for every sample;
+    #                             None: the data set's own (depthpack.data.intrinsics), else unknown
+    intrinsics: str | None = None  # a K file (9 numbers, 12 of P, or fx fy cx cy) for every sample
 
     def __post_init__(self) -> None:
         from ..core.config import coerce_fields
@@ -75,6 +85,12 @@ class DataConfig:
             problems.append(f"kind={self.kind!r} needs root (the data set's folder or file)")
         if self.depth_scale is not None and not self.depth_scale > 0:
             problems.append(f"depth_scale must be > 0, got {self.depth_scale}")
+        if self.device_cache and (self.kind != "synthetic" or not self.cache_dir):
+            problems.append("device_cache needs kind='synthetic' and cache_dir (where the rendered scenes are kept)")
+        if self.render_budget_s is not None and not self.render_budget_s > 0:
+            problems.append(f"render_budget_s must be > 0 seconds or null, got {self.render_budget_s}")
+        if self.focal is not None and not self.focal > 0:
+            problems.append(f"focal must be > 0 pixels, got {self.focal}")
         if self.num_samples < 1 or self.num_val < 1:
             problems.append(f"num_samples and num_val must be >= 1, got {self.num_samples}, {self.num_val}")
         if problems:

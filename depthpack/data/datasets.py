@@ -9,13 +9,16 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from .common import BadSample, SkippingDataset, log, make_sample
-from .formats import read_depth, read_rgb
+from .common import BadSample, SkippingDataset, log, make_sample, split_range
+from .config import DataConfig
+from .formats import check_depth_extension, read_depth, read_rgb
+from .intrinsics import dataset_focal, kitti_focal
 from .synthetic import render
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp")
-DEPTH_EXTS = (".png", ".npy", ".pfm")
+DEPTH_EXTS = (".png", ".npy", ".pfm", ".pgm")
 
 
 def _render_job(job: tuple) -> dict:
@@ -36,6 +39,12 @@ class SyntheticDataset(SkippingDataset):
         self.split = split
         self.n = cfg.num_samples if split == "train" else cfg.num_val
         self._cache: dict[int, dict] = {}
+        self.store = None
+        if cfg.cache_dir:  # rendered once into a store on disk (every core), read from there
+            from .store import open_store
+            self.store = open_store(cfg, split, self.size, render, self.n,
+                                    budget_s=cfg.render_budget_s if split == "train" else None)
+            self.n = self.store.n
 
     def __len__(self) -> int:
         return self.n
@@ -49,11 +58,18 @@ class SyntheticDataset(SkippingDataset):
 
     def _sample(self, i: int, r: dict) -> dict:
         name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
-        return make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name)
+        K = r["K"]  # the renderer's camera, at the rendered size
+        return make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name,
+                           focal=(float(K[0, 0]), float(K[1, 1])))
 
     def load(self, i: int) -> dict:
         if i in self._cache:
             return dict(self._cache[i])
+        if self.store is not None:
+            image, depth, focal = self.store.sample(i)
+            name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
+            return make_sample(image, depth, self.size, self.cfg, self.min_depth, self.max_depth, name, name,
+                               focal=(focal, focal))
         s = self._sample(i, _render_job(self._job(i)))
         if self.cfg.cache:
             self._cache[i] = s
@@ -89,6 +105,7 @@ class PairsDataset(SkippingDataset):
     def __init__(self, pairs: list[tuple[Path, Path]], names: list[str], cfg, size, min_depth, max_depth, label: str):
         super().__init__(size, min_depth, max_depth, cfg)
         self.pairs, self.names, self.label = pairs, names, label
+        self.focal = dataset_focal(cfg)  # one for all, or None: per sample (KITTI's calib) or unknown
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -100,7 +117,14 @@ class PairsDataset(SkippingDataset):
         rgb_path, depth_path = self.pairs[i]
         rgb = read_rgb(rgb_path)
         depth = read_depth(depth_path, self.cfg.scale(), self.cfg.decode, self.cfg.invalid_raw)
-        return make_sample(rgb, depth, self.size, self.cfg, self.min_depth, self.max_depth, self.names[i], depth_path)
+        focal = self.focal
+        if focal is None and self.cfg.kind == "kitti":
+            try:
+                focal = kitti_focal(rgb_path)
+            except (ValueError, OSError) as e:  # a broken calib file: the sample is bad, not the run
+                raise BadSample(rgb_path, f"calibration: {e}") from None
+        return make_sample(rgb, depth, self.size, self.cfg, self.min_depth, self.max_depth, self.names[i], depth_path,
+                           focal=focal)
 
 
 class NyuMatDataset(SkippingDataset):
@@ -145,7 +169,7 @@ class NyuMatDataset(SkippingDataset):
             raise BadSample(f"{self.path}[{k}]", f"images[{k}] {img.shape} / depths[{k}] {depth.shape} are not [3,W,H] / [W,H]")
         rgb = np.ascontiguousarray(img.transpose(2, 1, 0))  # [H, W, 3]
         return make_sample(rgb, depth.T, self.size, self.cfg, self.min_depth, self.max_depth, f"nyu_{k:05d}",
-                           f"{self.path}[{k}]")
+                           f"{self.path}[{k}]", focal=dataset_focal(self.cfg))
 
 
 def open_nyu_mat(path):
@@ -183,6 +207,10 @@ def read_split_file(path, root: Path, depth_root: Path) -> tuple[list[tuple[Path
         if tok[1] == "None":
             no_gt += 1
             continue
+        try:
+            check_depth_extension(tok[1])
+        except ValueError as e:
+            raise ValueError(f"split_file {path}:{n}: {e}") from None
         pairs.append((_resolve(root, tok[0]), _resolve(depth_root, tok[1])))
         names.append(str(Path(tok[0].lstrip("/")).with_suffix("")))
     if no_gt:
@@ -235,3 +263,63 @@ def list_pairs(cfg) -> tuple[list[tuple[Path, Path]], list[str]]:
     if not (root / "rgb").is_dir() and not (cfg.kind == "kitti" and (root / "image").is_dir()):
         raise ValueError(f"data root {root}: expected rgb/ and depth/ subfolders (or give split_file)")
     return list_kitti(root) if cfg.kind == "kitti" else list_subfolders(root)
+
+
+LABELS = {"nyu": "NYU Depth v2 folder", "kitti": "KITTI depth", "folder": "depth folder"}
+
+
+def make_dataset(cfg: DataConfig, split: str, img_size: tuple[int, int], min_depth: float,
+                 max_depth: float) -> torch.utils.data.Dataset:
+    """The data set cfg describes, split "train" | "val" (| "all" for file-based kinds), at img_size (H, W).
+
+    File-based data sets load their first sample at once, so an empty or unreadable data set is a
+    ValueError here rather than in the middle of training.
+    """
+    if isinstance(img_size, int):
+        img_size = (img_size, img_size)
+    img_size = (int(img_size[0]), int(img_size[1]))
+    if split not in ("train", "val", "all"):
+        raise ValueError(f"split={split!r} is not one of ('train', 'val', 'all')")
+    if cfg.kind == "synthetic":
+        return SyntheticDataset(cfg, "train" if split == "all" else split, img_size, min_depth, max_depth)
+    listfile = (cfg.val_split_file or cfg.split_file) if split == "val" else cfg.split_file
+    if cfg.kind == "nyu_mat":
+        with open_nyu_mat(cfg.root) as f:
+            n = int(f["images"].shape[0])
+        indices = read_indices(listfile, n) if listfile else list(split_range(n, split, cfg.num_val))
+        ds = NyuMatDataset(Path(cfg.root), indices, cfg, img_size, min_depth, max_depth)
+    else:
+        if listfile:
+            pairs, names = read_split_file(listfile, Path(cfg.root), Path(cfg.depth_root or cfg.root))
+        else:
+            pairs, names = list_pairs(_without_split(cfg))
+            keep = split_range(len(pairs), split, cfg.num_val)
+            pairs, names = [pairs[i] for i in keep], [names[i] for i in keep]
+        ds = PairsDataset(pairs, names, cfg, img_size, min_depth, max_depth, f"{LABELS[cfg.kind]} {cfg.root} [{split}]")
+    ds.check_nonempty()
+    return ds
+
+
+def _without_split(cfg: DataConfig) -> DataConfig:
+    import dataclasses
+    return dataclasses.replace(cfg, split_file=None)
+
+
+def read_indices(path, n: int) -> list[int]:
+    """0-based image indices, one per line ('#' comments allowed); each must be < n."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"split_file {path}: no such file")
+    out = []
+    for k, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            i = int(line)
+        except ValueError:
+            raise ValueError(f"split_file {path}:{k}: expected a 0-based image index, got {line!r}") from None
+        if not 0 <= i < n:
+            raise ValueError(f"split_file {path}:{k}: index {i} outside the file's {n} images")
+        out.append(i)
+    return out

@@ -6,7 +6,15 @@
 - .npy: float meters (allow_pickle=False: nothing is unpickled).
 - .pfm: float32 (negative scale = little-endian, rows bottom-to-top). With decode="middlebury" it is
   disparity and calib.txt beside it gives depth_mm = baseline * f / (d + doffs); +inf = unknown.
-Invalid pixels come back as 0 meters. Every failure is a BadSample naming the file.
+- .pgm: NYU Depth v2's raw Kinect dump (P5, 16-bit samples, maxval 65535): 11-bit disparity, 2047 =
+  no measurement. The NYU toolbox reads it with swapbytes(imread(...)): the samples are little-endian
+  although the PGM spec says big-endian (a file re-saved big-endian by a spec-following tool is
+  recognized too: whichever byte order keeps every value <= 2047). meters = 351.3 / (1092.5 - d)
+  (the toolbox's depth_rel2depth_abs), clamped to 10 m as the toolbox does; d = 2047 or a
+  non-positive result = invalid. The raw depth is in the depth camera's frame, not registered to
+  the RGB image (the toolbox's project_depth_map does that); pair it knowingly.
+Invalid pixels come back as 0 meters. Every failure is a BadSample naming the file; an extension no
+loader knows is a ValueError (a file misread as another format would be silently wrong).
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ import cv2
 import numpy as np
 
 from ..core import preprocess
-from .common import BadSample
+from .errors import BadSample
 
 
 def read_rgb(path) -> np.ndarray:
@@ -93,10 +101,82 @@ def read_middlebury_calib(path) -> dict[str, float]:
         raise BadSample(path, f"cannot read f, doffs and baseline ({e!r})") from None
 
 
+DEPTH_FORMATS = {".png": "16-bit PNG", ".npy": "float meters (.npy)", ".pfm": "PFM",
+                 ".pgm": "NYU Depth v2 raw Kinect disparity (PGM)"}
+KINECT_INVALID = 2047
+NYU_RAW_MAX_M = 10.0
+
+
+def check_depth_extension(path) -> None:
+    """ValueError for a depth file whose extension no loader knows (before anything is read)."""
+    ext = Path(path).suffix.lower()
+    if ext not in DEPTH_FORMATS:
+        known = ", ".join(f"{e} ({what})" for e, what in DEPTH_FORMATS.items())
+        raise ValueError(f"depth file {path}: unknown extension {ext or '(none)'!r}; depthpack reads {known}")
+
+
+def read_pgm16(path) -> np.ndarray:
+    """A binary 16-bit PGM (P5, maxval > 255) -> its samples as uint16 [h,w], in the byte order of
+    NYU's raw dump (see the module docstring); BadSample if it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadSample(path, "no such file")
+    data = path.read_bytes()
+    fields, pos = [], 0
+    while len(fields) < 4:  # magic, width, height, maxval; '#' comments between them
+        while pos < len(data) and data[pos:pos + 1].isspace():
+            pos += 1
+        if data[pos:pos + 1] == b"#":
+            pos = data.find(b"\n", pos) + 1 or len(data)
+            continue
+        end = pos
+        while end < len(data) and not data[end:end + 1].isspace():
+            end += 1
+        if end == pos:
+            raise BadSample(path, "truncated PGM header")
+        fields.append(data[pos:end])
+        pos = end
+    pos += 1  # the single whitespace byte before the samples
+    if fields[0] != b"P5":
+        raise BadSample(path, f"not a binary PGM (magic {fields[0][:8]!r}, expected b'P5')")
+    try:
+        w, h, maxval = (int(f) for f in fields[1:])
+    except ValueError:
+        raise BadSample(path, f"bad PGM header {b' '.join(fields)!r}") from None
+    if maxval <= 255:
+        raise BadSample(path, f"an 8-bit PGM (maxval {maxval}): not a 16-bit depth dump")
+    if len(data) - pos != 2 * w * h:
+        raise BadSample(path, f"PGM holds {len(data) - pos} bytes of samples, header says {w}x{h}x2")
+    little = np.frombuffer(data, dtype="<u2", count=w * h, offset=pos)
+    if little.max(initial=0) <= KINECT_INVALID:  # NYU's byte order
+        return little.reshape(h, w).copy()
+    big = little.byteswap()
+    if big.max(initial=0) <= KINECT_INVALID:  # re-saved as the spec says
+        return big.reshape(h, w).copy()
+    raise BadSample(path, f"values up to {int(little.max())} (little-endian) / {int(big.max())} (big-endian) are "
+                          f"not 11-bit Kinect disparities (<= {KINECT_INVALID}): not NYU's raw depth")
+
+
+def kinect_disparity_to_meters(raw: np.ndarray) -> np.ndarray:
+    """NYU raw Kinect disparity -> float32 meters (NYU toolbox depth_rel2depth_abs), 0 where invalid."""
+    d = raw.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        m = 351.3 / (1092.5 - d)
+    ok = (raw < KINECT_INVALID) & (m > 0)
+    return np.where(ok, np.minimum(m, NYU_RAW_MAX_M), 0.0).astype(np.float32)
+
+
 def read_depth(path, scale: float = 1000.0, decode: str = "linear", invalid_raw=(0, 65535)) -> np.ndarray:
-    """Any supported depth file -> float32 meters [h,w], 0 where invalid."""
+    """Any supported depth file -> float32 meters [h,w], 0 where invalid. ValueError for an extension
+    no loader knows, or a decode that does not apply to the file's format."""
     path = Path(path)
     ext = path.suffix.lower()
+    check_depth_extension(path)
+    if ext == ".pgm":
+        if decode != "linear":
+            raise ValueError(f"depth file {path}: decode={decode!r} does not apply to NYU's raw .pgm (it has its own "
+                             f"conversion); leave decode at 'linear'")
+        return kinect_disparity_to_meters(read_pgm16(path))
     if ext == ".npy":
         if not path.is_file():
             raise BadSample(path, "no such file")

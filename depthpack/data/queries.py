@@ -15,11 +15,14 @@ _SOBEL = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])
 
 
 def sobel_magnitude(image: torch.Tensor) -> torch.Tensor:
-    """image [3,H,W] in [0,1] -> gradient magnitude of its luminance [H,W] (replicate borders)."""
-    gray = (image.float() * _LUMA.to(image.device).view(3, 1, 1)).sum(0)[None, None]  # [1,1,H,W]
+    """image [3,H,W] (or a batch [B,3,H,W]) in [0,1] -> gradient magnitude of its luminance [H,W]
+    ([B,H,W]), replicate borders."""
+    x = image.float() if image.ndim == 4 else image.float()[None]
+    gray = (x * _LUMA.to(image.device).view(1, 3, 1, 1)).sum(1, keepdim=True)  # [B,1,H,W]
     k = torch.stack([_SOBEL, _SOBEL.t()])[:, None].to(image.device)  # [2,1,3,3]
-    g = F.conv2d(F.pad(gray, (1, 1, 1, 1), mode="replicate"), k)  # [1,2,H,W]
-    return g.square().sum(1).sqrt()[0]
+    g = F.conv2d(F.pad(gray, (1, 1, 1, 1), mode="replicate"), k)  # [B,2,H,W]
+    mag = g.square().sum(1).sqrt()
+    return mag if image.ndim == 4 else mag[0]
 
 
 def sample_queries(valid: torch.Tensor, image: torch.Tensor, q: int, generator: torch.Generator,

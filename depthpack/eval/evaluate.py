@@ -18,6 +18,12 @@ median of all g_ij under those weights (computed here, not approximated by the m
 
 Outputs in --out: eval.md (the table), eval.json (everything, machine-readable), eval.png (image,
 ground truth, dense prediction, and the queried points of the packed path colored by AbsRel).
+
+Options for the packed-versus-dense question (off by default; the default outputs are unchanged):
+--dense-map adds the dense map's metrics: every valid pixel in the crop, not only the queried points;
+--curve adds the share of patches the packed path runs at each Q (its buffer: min(bucket, N) patch
+tokens per chunk, out of the N of the dense path; and the share the queried points fall in) and
+curve.png: AbsRel against that share, packed (anchors on and off) and dense on the same points.
 """
 from __future__ import annotations
 
@@ -31,8 +37,11 @@ import torch
 from ..core import cli
 from ..core.checkpoint import load_model, resolve_checkpoint, stored_config
 from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
+from ..core.packing import bucket_for, pad_points, patch_of_points
+from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
-from ..data import make_dataset, sample_queries
+from ..data.datasets import make_dataset
+from ..data.queries import sample_queries
 from ..data.config import DataConfig
 from .metrics import MetricAccumulator
 from .viz import depth_figure
@@ -54,6 +63,12 @@ class EvalSettings:
     seed: int = 0
     figure_images: int = 4  # rows of the PNG; 0 = no figure
     progress: bool = True
+    dense_map: bool = False  # also the dense map's metrics over every valid pixel in the crop
+    shares: bool = False  # the share of patches the packed path runs at each Q (for the curve)
+    context: tuple[int, ...] = ()  # packed path again on these larger buffers (K patch slots > Q's bucket):
+    #                                rows "packed@K", what more context tokens for the same queries buy
+    focal: str = "data"  # "data": each image's focal length where the data set has it (0 = unknown);
+    #                      "default": none given (the model's focal_default); models without a focal input ignore it
 
 
 # ---- points -------------------------------------------------------------------------------------
@@ -71,16 +86,46 @@ def _at(points: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return m[points[:, 1].long(), points[:, 0].long()]
 
 
-def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """images [B,3,H,W], points [B,Q,2] -> depth [B,Q] through the named path (checked forwards)."""
+def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
+    """images [B,3,H,W], points [B,Q,2], focal [B] or None -> depth [B,Q] through the named path (checked forwards)."""
     with torch.inference_mode():
         if path == "packed":
-            return model(images, points).float()
+            return model(images, points, focal).float()
         if path == "masked":
-            return model.forward_masked(images, points).float()
+            return model.forward_masked(images, points, focal).float()
         if path == "dense":
-            return model.forward_dense(images, points).float()
+            return model.forward_dense(images, points, focal).float()
     raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
+
+
+def sample_focal(samples: list[dict], mode: str, device) -> torch.Tensor | None:
+    """focal [B] of the samples (0 where unknown) for mode "data"; None for mode "default"."""
+    if mode == "default":
+        return None
+    if mode != "data":
+        raise ValueError(f"focal mode {mode!r} is not one of ('data', 'default')")
+    return torch.stack([torch.as_tensor(smp.get("focal", 0.0), dtype=torch.float32) for smp in samples]).to(device)
+
+
+def focal_report(focals: list[float], s: "EvalSettings", model) -> dict[str, Any]:
+    """What focal lengths the evaluation gave the model: how many images had one, their range."""
+    mc = model.cfg
+    out: dict[str, Any] = {"mode": s.focal, "model_canonical_focal": mc.canonical_focal,
+                           "model_focal_default": (mc.focal_default or mc.canonical_focal) if mc.uses_focal else None}
+    known = [f for f in focals if f > 0] if s.focal == "data" else []
+    out.update(images_with_focal=len(known), focal_min=min(known) if known else None,
+               focal_max=max(known) if known else None)
+    return out
+
+
+def run_packed_on(model, k: int, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor:
+    """The packed path with a K-slot buffer for Q <= K queries (the points padded as every runner pads
+    them): the same queries with more context tokens. -> depth [B,Q]."""
+    q = points.shape[1]
+    with torch.inference_mode():
+        images, points = check_inputs(images, points, model.cfg.patch_size)
+        focal = check_focal(focal, images.shape[0], images.device)
+        return model.forward_packed(images, pad_points(points, k), k, focal)[:, :q].float()
 
 
 # ---- the evaluation -----------------------------------------------------------------------------
@@ -105,10 +150,14 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
     per: dict[tuple, MetricAccumulator] = {}
     targets: dict[int, list[torch.Tensor]] = {q: [] for q in s.queries}
     skipped = 0
+    focals: list[float] = []
+    queried: dict[int, list[float]] = {q: [] for q in s.queries}  # share of patches under the points, per image
+    maps: dict[bool, MetricAccumulator] = {}
     bar = tqdm(total=n, desc="evaluate", disable=not s.progress, dynamic_ncols=True)
     try:
         for start in range(0, n, s.batch_size):
             samples = [(i, dataset[i]) for i in range(start, min(n, start + s.batch_size))]
+            focals += [float(smp.get("focal", 0.0)) for _, smp in samples]
             for q in s.queries:
                 pts = [(i, smp, eval_points(smp, q, s.seed, i, s.edge_frac)) for i, smp in samples]
                 kept = [(i, smp, p) for i, smp, p in pts if p is not None]
@@ -118,14 +167,26 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
                     continue
                 images = torch.stack([smp["image"] for _, smp, _ in kept]).to(device)
                 points = torch.stack([p for _, _, p in kept]).to(device)  # [B,Q,2]
+                focal = sample_focal([smp for _, smp, _ in kept], s.focal, device)
                 gt = torch.stack([_at(p, smp["depth"]) for _, smp, p in kept])  # [B,Q]
                 targets[q].extend(gt.unbind(0))
+                if s.shares:
+                    grid = model.grid_of(images)
+                    pidx = patch_of_points(points.cpu(), model.cfg.patch_size, grid)
+                    queried[q] += [len(set(r.tolist())) / (grid[0] * grid[1]) for r in pidx]
                 for a in (s.anchors if model.cfg.num_anchors else (False,)):  # a model without anchors: one setting
                     model.use_anchors = a
                     for path in s.paths:
-                        pred = run_path(model, path, images, points).cpu()
+                        pred = run_path(model, path, images, points, focal).cpu()
                         acc = per.setdefault((path, a, q), MetricAccumulator("image", s.median_scaling))
                         acc.update(pred, gt, batched=True)
+                    for k in s.context:
+                        if k > bucket_for(min(q, model.cfg.buckets[-1]), model.cfg.buckets) and q <= k:
+                            pred = run_packed_on(model, k, images, points, focal).cpu()
+                            acc = per.setdefault((f"packed@{k}", a, q), MetricAccumulator("image", s.median_scaling))
+                            acc.update(pred, gt, batched=True)
+            if s.dense_map:
+                dense_map_update(model, samples, s, maps, device)
             bar.update(len(samples))
     finally:
         model.use_anchors = was_anchors
@@ -141,8 +202,47 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
                 acc.update(torch.full_like(t, c), t)
             const.append({"path": "constant", "anchors": None, "queries": q, "images": acc.images, "constant_m": c,
                           **acc.compute()})
-    return {"rows": rows, "constant": const, "images": n - skipped, "skipped_images": skipped, "settings": asdict(s),
-            "summary": summarize(rows, const)}
+    out = {"rows": rows, "constant": const, "images": n - skipped, "skipped_images": skipped, "settings": asdict(s),
+           "summary": summarize(rows, const), "focal": focal_report(focals, s, model)}
+    if s.dense_map:
+        out["dense_map"] = [{"path": "dense map", "anchors": a, "images": acc.images, **acc.compute()}
+                            for a, acc in maps.items() if acc.images]
+    if s.shares:
+        out["shares"] = selection_shares(model, s.queries, queried)
+    return out
+
+
+def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, chunk: int = 4) -> None:
+    """The dense map (every pixel) against every valid pixel in the crop, per image, per anchor setting."""
+    for a in (s.anchors if model.cfg.num_anchors else (False,)):
+        model.use_anchors = a
+        acc = maps.setdefault(a, MetricAccumulator("image", s.median_scaling))
+        for c in range(0, len(samples), chunk):  # a map decodes H*W points: a few images at a time
+            part = [smp for _, smp in samples[c:c + chunk]]
+            images = torch.stack([smp["image"] for smp in part]).to(device)
+            focal = sample_focal(part, s.focal, device)
+            with torch.inference_mode():
+                dmap = model.forward_dense(images, None, focal).float().cpu()  # [b,H,W]
+            for smp, pred in zip(part, dmap):
+                mask = smp["valid"] & smp["eval_mask"]
+                if bool(mask.any()):
+                    acc.update(pred[mask], smp["depth"][mask])
+
+
+def selection_shares(model, queries, queried: dict[int, list[float]]) -> list[dict[str, Any]]:
+    """Per Q: patch tokens the packed path runs (every chunk's min(bucket, N)) as a share of the N the
+    dense path runs, and the share of patches the queried points fall in (mean over images)."""
+    from ..core.packing import chunk_plan
+
+    n = model.cfg.num_patches
+    out = []
+    for q in queries:
+        slots = sum(min(k, n) for _, _, k in chunk_plan(q, model.cfg.buckets))
+        qs = queried.get(q) or []
+        out.append({"queries": q, "bucket_slots": slots, "patches": n, "buffer_share": slots / n,
+                    "queried_share": sum(qs) / len(qs) if qs else None,
+                    "tokens_packed": 1 + model.cfg.num_anchors + slots, "tokens_dense": 1 + model.cfg.num_anchors + n})
+    return out
 
 
 def summarize(rows: list[dict], const: list[dict]) -> dict[str, Any]:
@@ -180,7 +280,8 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
     head = "| path | anchors | Q | " + " | ".join(METRICS) + " |"
     lines = [f"# {title}" if title else "", "", head, "|" + " --- |" * (3 + len(METRICS))]
     order = {p: i for i, p in enumerate(PATHS)}
-    rows = sorted(result["rows"], key=lambda r: (r["queries"], not r["anchors"], order.get(r["path"], 9)))
+    rows = sorted(result["rows"], key=lambda r: (r["queries"], not r["anchors"], order.get(r["path"], 9),
+                                                 int(r["path"].split("@")[1]) if "@" in r["path"] else 0))
     for q in sorted({r["queries"] for r in rows}):
         for r in [r for r in rows if r["queries"] == q] + [c for c in result["constant"] if c["queries"] == q]:
             a = "-" if r["anchors"] is None else ("on" if r["anchors"] else "off")
@@ -203,6 +304,80 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def extra_markdown(result: dict[str, Any]) -> str:
+    """The dense-map rows and the share table, when they were asked for ('' otherwise)."""
+    lines = []
+    if result.get("dense_map"):
+        lines += ["", "Dense map: every valid pixel in the crop (not only the queried points).", "",
+                  "| path | anchors | " + " | ".join(METRICS) + " |", "|" + " --- |" * (2 + len(METRICS))]
+        for r in result["dense_map"]:
+            lines.append(f"| dense map | {'on' if r['anchors'] else 'off'} | " + " | ".join(f"{r[k]:.4f}" for k in METRICS) + " |")
+    if result.get("shares"):
+        def get(path, a, q):
+            return next((r["abs_rel"] for r in result["rows"] if r["path"] == path and r["anchors"] == a
+                         and r["queries"] == q), None)
+
+        lines += ["", "Share of the patches the packed path runs (its buffer, out of the dense path's N) and the share "
+                  "the queried points fall in; AbsRel on the same points.", "",
+                  "| Q | buffer share | queried share | tokens packed / dense | packed | packed, anchors off | dense | "
+                  "packed vs dense |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for e in result["shares"]:
+            q = e["queries"]
+            p, off, d = get("packed", True, q), get("packed", False, q), get("dense", True, q)
+            qs = "-" if e["queried_share"] is None else f"{100 * e['queried_share']:.1f}%"
+            f = (lambda v: "-" if v is None else f"{v:.4f}")
+            rel = f"{100 * (p - d) / d:+.2f}%" if p is not None and d else "-"
+            lines.append(f"| {q} | {100 * e['buffer_share']:.1f}% | {qs} | {e['tokens_packed']} / {e['tokens_dense']} | "
+                         f"{f(p)} | {f(off)} | {f(d)} | {rel} |")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def curve_figure(result: dict[str, Any], path: str | Path) -> Path:
+    """AbsRel against the share of patches selected: packed (anchors on, off) and dense on the same points."""
+    from .viz import _plt
+
+    plt = _plt()
+    shares = {e["queries"]: e["buffer_share"] for e in result["shares"]}
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    styles = [("packed", True, "o-", "packed"), ("packed", False, "s--", "packed, anchors off"),
+              ("dense", True, "^:", "dense (every patch) on the same points")]
+    for name, a, style, label in styles:
+        pts = sorted((shares[r["queries"]], r["abs_rel"], r["queries"]) for r in result["rows"]
+                     if r["path"] == name and r["anchors"] == a and r["queries"] in shares)
+        if not pts:
+            continue
+        xs, ys, qs = zip(*pts)
+        ax.plot([100 * x for x in xs], ys, style, label=label)
+        if name == "packed" and a:
+            for x, y, q in pts:
+                ax.annotate(f"Q={q}", (100 * x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    n = result["shares"][0]["patches"] if result["shares"] else 1
+    ctx = sorted((min(int(r["path"].split("@")[1]), n) / n, r["abs_rel"], r["queries"]) for r in result["rows"]
+                 if r["path"].startswith("packed@") and r["anchors"])
+    if ctx:
+        ax.plot([100 * x for x, _, _ in ctx], [y for _, y, _ in ctx], "D", mfc="none", label="packed, larger buffer (same Q)")
+        for x, y, q in ctx:
+            ax.annotate(f"Q={q}", (100 * x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    for r in result.get("dense_map") or []:
+        if r["anchors"]:
+            ax.axhline(r["abs_rel"], color="gray", lw=0.8, label="dense map, every valid pixel")
+    ax.set_xlabel("patches in the packed buffer (% of the dense path's)")
+    ax.set_ylabel("AbsRel (lower is better)")
+    ax.set_xscale("log")
+    xs_all = [100 * v for v in shares.values()] + [100 * x for x, _, _ in ctx]
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200) if min(xs_all) / 1.5 <= t <= max(xs_all) * 1.5]
+    ax.set_xticks(ticks, [f"{t:g}%" for t in ticks])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"packed vs dense: {result['images']} held-out images", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _points_words(edge_frac: float) -> str:
     if edge_frac == 0:
         return "uniform over the valid pixels"
@@ -222,8 +397,9 @@ def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
             continue
         img = smp["image"].unsqueeze(0).to(device)
         with torch.inference_mode():
-            dense = model.forward_dense(img)[0].float().cpu()  # [H,W]
-        pred = run_path(model, "packed", img, pts.unsqueeze(0).to(device))[0].cpu()
+            dense = model.forward_dense(img, None, sample_focal([smp], s.focal, device))[0].float().cpu()  # [H,W]
+        focal = sample_focal([smp], s.focal, device)
+        pred = run_path(model, "packed", img, pts.unsqueeze(0).to(device), focal)[0].cpu()
         gt = torch.where(smp["valid"], smp["depth"], torch.zeros_like(smp["depth"]))
         name = "eval.png" if not paths else f"eval_{i}.png"
         paths.append(depth_figure(Path(out) / name, smp["image"], gt, dense, pts, pred, _at(pts, smp["depth"]),
@@ -286,6 +462,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--edge-frac", type=float, default=0.0,
                     help="share of query points drawn at image edges (0: uniform, the standard protocol; "
                          "0.5: as in training, harder: depth edges)")
+    ap.add_argument("--focal", choices=("data", "default"), default="data",
+                    help="data: give the model each image's focal length where the data set has it; default: "
+                         "give none (the model's focal_default). Models without canonical_focal ignore it")
+    ap.add_argument("--dense-map", action="store_true",
+                    help="also the dense map's metrics over every valid pixel in the crop (not only the queried points)")
+    ap.add_argument("--curve", action="store_true",
+                    help="the share of patches the packed path runs at each Q, and curve.png: AbsRel against it, "
+                         "packed and dense")
+    ap.add_argument("--context", type=int, nargs="*", default=[],
+                    help="also run the packed path on these larger buffers (patch slots) for the same queries: rows "
+                         "packed@K, what more context tokens buy (e.g. --context 512 1024)")
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -313,14 +500,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
     s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
                      edge_frac=a.edge_frac, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
-                     progress=not a.no_progress)
+                     progress=not a.no_progress, focal=a.focal, dense_map=a.dense_map, shares=a.curve,
+                     context=tuple(a.context))
     result = evaluate(model, ds, s)
     cdir = resolve_checkpoint(a.checkpoint)
     result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc))
     atomic_write_json(out / "eval.json", result, sort_keys=False)
-    md = to_markdown(result, f"depthpack accuracy: {cdir}, {dcfg.kind} {a.split}")
+    md = to_markdown(result, f"depthpack accuracy: {cdir}, {dcfg.kind} {a.split}") + extra_markdown(result)
     atomic_write_text(out / "eval.md", md)
     pngs = figure(model, ds, s, out) if s.figure_images else []
+    if a.curve:
+        pngs.append(curve_figure(result, out / "curve.png"))
     print(md)
     print(f"wrote {out / 'eval.md'}, {out / 'eval.json'}" + "".join(f", {p}" for p in pngs))
     return result

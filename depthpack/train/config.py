@@ -2,6 +2,7 @@
 `key=value` overrides (dotted for model.* and data.*); unknown keys and nonsense values are errors."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ class TrainConfig:
     #                   + 1 worker beats 2 threads by far (OpenMP threads wait on each other when preempted)
     device: str = "auto"  # auto = cuda:LOCAL_RANK when CUDA is present, else cpu
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
+    compile: bool = False  # torch.compile the forward + backward (one graph per bucket with data.device_cache)
+    max_time_s: float = 0.0  # stop after this many seconds of steps (checked at log rows), with a checkpoint
+    #                          and a summary as at the end; the schedule is then unfinished. 0 = off
     progress: bool = True  # tqdm bar on rank 0
 
     def __post_init__(self) -> None:
@@ -82,8 +86,8 @@ class TrainConfig:
             problems.append(f"need steps >= 0 and batch_size >= 1, got {self.steps}, {self.batch_size}")
         if self.ckpt_every < 1 or self.log_every < 1 or self.keep_checkpoints < 1:
             problems.append("ckpt_every, log_every and keep_checkpoints must be >= 1")
-        if self.lr <= 0 or self.warmup_steps < 0 or self.num_workers < 0 or self.threads < 0:
-            problems.append("need lr > 0, warmup_steps >= 0, num_workers >= 0 and threads >= 0")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.num_workers < 0 or self.threads < 0 or self.max_time_s < 0:
+            problems.append("need lr > 0, warmup_steps >= 0, num_workers >= 0, threads >= 0 and max_time_s >= 0")
         if not 0.0 <= self.edge_frac <= 1.0 or self.extra_points < 0:
             problems.append(f"need 0 <= edge_frac <= 1 and extra_points >= 0, got {self.edge_frac}, {self.extra_points}")
         if not 0 <= self.seed < 2**32:  # the per-step seeds are built from it and must stay in 64 bits
@@ -122,6 +126,23 @@ class TrainConfig:
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:
+    """Q for a step, the same on every rank: a bucket uniformly, then Q uniformly inside its range
+    (previous bucket, bucket] clipped to [q_min, q_max]; or uniformly from cfg.queries when given."""
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    if cfg.queries is not None:
+        return rng.choice(cfg.queries)
+    choices = set(cfg.query_choices())
+    ranges, prev = [], 0
+    for b in buckets:
+        r = [q for q in range(prev + 1, b + 1) if q in choices]
+        if r:
+            ranges.append(r)
+        prev = b
+    return rng.choice(rng.choice(ranges))
+
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:

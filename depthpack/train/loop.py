@@ -29,7 +29,6 @@ import csv
 import json
 import math
 import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,16 +40,19 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..core import checkpoint as ckpt
-from ..core.config import ModelConfig, to_dict
+from ..core.config import ModelConfig, from_dict, to_dict
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir, remove_stale_temporaries
 from ..core.model import DepthPack
-from ..core.packing import bucket_for, patch_of_points
-from ..data import make_dataset, sample_queries
+from ..core.packing import bucket_for
+from ..data.datasets import make_dataset
+from ..data.queries import sample_queries
 from ..eval.evaluate import quick_eval
-from .config import TrainConfig, dump_yaml
+from .config import TrainConfig, draw_q, dump_yaml  # noqa: F401  (draw_q: the host stream's Q, re-exported)
+from .device_data import DeviceScenes, device_stream
 from .losses import SiLogLoss
 
-LOG_FIELDS = ["step", "loss", "silog", "distill", "lr", "q", "bucket", "grad_norm", "imgs_per_s", "elapsed_s"]
+LOG_FIELDS = ["step", "loss", "silog", "distill", "lr", "q", "bucket", "grad_norm", "imgs_per_s", "elapsed_s",
+              "data_ms", "compute_ms"]
 
 
 # ---- distributed setup --------------------------------------------------------------------------
@@ -100,9 +102,9 @@ class PackedObjective(nn.Module):
         self.distill_weight = distill_weight
 
     def forward(self, images: torch.Tensor, points: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
-                bucket: int, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool.
+                bucket: int, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool, focal [B] pixels (0 unknown).
         # extra: (points [B,E,2], parent [B,E] (the query whose patch holds each), target, valid [B,E]):
         # decoded from the tokens the queries already selected, so they cost the head only
         m = self.model
@@ -112,15 +114,18 @@ class PackedObjective(nn.Module):
             xp, parent, xt, xv = extra
             slot = torch.cat([slot, torch.gather(slot, 1, parent)], dim=1)
             points, target, valid = torch.cat([points, xp], 1), torch.cat([target, xt], 1), torch.cat([valid, xv], 1)
-        pred = m.forward_head(feats, slot, points)  # [B,Q(+E)] float32
+        pred = m.forward_head(feats, slot, points, m.focal_scale(images, focal))  # [B,Q(+E)] float32
         silog = self.silog(pred, target, valid)
         distill = pred.new_zeros(())
         if self.distill_weight > 0:
             with torch.no_grad():
-                teacher = m.forward_dense_core(images, points)
+                teacher = m.forward_dense_core(images, points, None, focal)
             w = valid.float()
             distill = ((pred.log() - teacher.float().log()).abs() * w).sum() / w.sum().clamp_min(1.0)
-        return silog + self.distill_weight * distill, silog.detach(), distill.detach()
+        # without distillation the loss IS silog: `silog + 0.0 * zeros` came out of Inductor without a
+        # grad_fn (torch 2.14 CPU), so the compiled step could not backpropagate
+        loss = silog + self.distill_weight * distill if self.distill_weight > 0 else silog
+        return loss, silog.detach(), distill.detach()
 
 
 # ---- data stream --------------------------------------------------------------------------------
@@ -200,22 +205,6 @@ def batch_stream(dataset, cfg: TrainConfig, d: Dist, start_step: int, buckets: t
             yield step, q, batch
 
 
-def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:
-    """Q for a step, the same on every rank: a bucket uniformly, then Q uniformly inside its range
-    (previous bucket, bucket] clipped to [q_min, q_max]; or uniformly from cfg.queries when given."""
-    rng = random.Random(cfg.seed * 1_000_003 + step)
-    if cfg.queries is not None:
-        return rng.choice(cfg.queries)
-    choices = set(cfg.query_choices())
-    ranges, prev = [], 0
-    for b in buckets:
-        r = [q for q in range(prev + 1, b + 1) if q in choices]
-        if r:
-            ranges.append(r)
-        prev = b
-    return rng.choice(rng.choice(ranges))
-
-
 def targets_for_batch(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """points [B,Q,2] of the batch, with the ground-truth depth and validity at them [B,Q]."""
     points = batch["points"]
@@ -239,9 +228,11 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
             continue
         no_decay = p.ndim < 2 or "pos" in name or "cls_token" in name
         groups.setdefault((name.startswith("backbone."), no_decay), []).append(p)
+    cuda = all(p.is_cuda for ps in groups.values() for p in ps)
     return torch.optim.AdamW(
         [{"params": ps, "lr": cfg.lr * (cfg.backbone_lr_ratio if bb else 1.0), "weight_decay": 0.0 if nd else cfg.weight_decay}
-         for (bb, nd), ps in sorted(groups.items())], lr=cfg.lr, betas=(0.9, 0.999))
+         for (bb, nd), ps in sorted(groups.items())], lr=cfg.lr, betas=(0.9, 0.999),
+        **({"fused": True} if cuda else {}))  # one kernel per group on CUDA instead of a dozen per tensor list
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -354,7 +345,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> DepthPack:
 
 def _check_resume_config(stored: dict[str, Any], mcfg: ModelConfig, d: Path) -> None:
     want = to_dict(mcfg)
-    have = dict(stored.get("model", {}))
+    have = to_dict(from_dict(ModelConfig, dict(stored.get("model", {}))))  # fields added since: their defaults
     want.pop("backbone_weights", None), have.pop("backbone_weights", None)
     if have != want:
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
@@ -418,16 +409,29 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
     if d.main:
         dump_yaml(cfg, out / "config.yaml")
 
+    t_data = time.perf_counter()
     train_set = make_dataset(cfg.data, split="train", img_size=mcfg.img_size, min_depth=mcfg.min_depth, max_depth=mcfg.max_depth)
     if cfg.data.cache and hasattr(train_set, "prefill") and start_step < cfg.steps:
         # every core renders the cached scenes before the first step; DataLoader workers forked later
         # share them (copy-on-write) instead of each rendering its own copy every epoch
         train_set.prefill(processes=os.cpu_count() or 1, progress=d.main and cfg.progress)
+    scenes = None
+    if cfg.data.device_cache:  # every scene in one tensor on the device; batches made there
+        scenes = DeviceScenes(train_set.store, d.device, cfg, mcfg, d.rank)
+        stream = device_stream(scenes.n, cfg, d.world, d.rank, start_step, mcfg.buckets, d.device)
+    else:
+        stream = batch_stream(train_set, cfg, d, start_step, mcfg.buckets)
+    data_setup_s = time.perf_counter() - t_data
     objective = PackedObjective(model, cfg.silog_lambda, cfg.distill_weight).to(d.device)
     runner: nn.Module = objective
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
         runner = DDP(objective, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    step_fn = runner
+    if cfg.compile:  # forward + backward compiled (AOTAutograd); one graph per shape, so per bucket on the device path
+        import torch._dynamo as dynamo
+        dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(mcfg.buckets))
+        step_fn = torch.compile(runner, dynamic=False)
     use_amp = cfg.amp and d.device.type == "cuda"
     log = RunLog(out, start_step, d.main)
     bar = None
@@ -441,23 +445,42 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
     last_eval: dict[str, float] = {}
     step = start_step
     imgs_since, sums, n_sum = 0, torch.zeros(3, device=d.device), 0
-    for step, q, batch in batch_stream(train_set, cfg, d, start_step, mcfg.buckets):
+    timer = StepTimer(d.device)
+    first_step_s: dict[int, float] = {}  # bucket -> seconds of its first step (the compile, with cfg.compile)
+    skip = start_step + min(10, max(0, (cfg.steps - start_step) // 10))  # warm-up steps left out of the timing
+    stopped = None
+    for step, q, item in stream:
         bucket = bucket_for(q, mcfg.buckets)
-        points, target, valid = targets_for_batch(batch)
-        images = batch["image"].to(d.device, non_blocking=True)
-        points, target, valid = points.to(d.device), target.to(d.device), valid.to(d.device)
-        extra = None
-        if "extra_points" in batch:
-            xp = batch["extra_points"]
-            xt, xv = gather_at(xp, batch["depth"], batch["valid"])
-            extra = tuple(t.to(d.device) for t in (xp, batch["extra_parent"], xt, xv))
+        if scenes is not None:  # made on the device
+            b = scenes.batch(item, q, bucket, step)
+            images, points, target, valid, extra, focal = b.images, b.points, b.target, b.valid, b.extra, b.focal
+        else:
+            batch = item
+            points, target, valid = targets_for_batch(batch)
+            images = batch["image"].to(d.device, non_blocking=True)
+            points, target, valid = points.to(d.device), target.to(d.device), valid.to(d.device)
+            extra = None
+            if "extra_points" in batch:
+                xp = batch["extra_points"]
+                xt, xv = gather_at(xp, batch["depth"], batch["valid"])
+                extra = tuple(t.to(d.device) for t in (xp, batch["extra_parent"], xt, xv))
+            focal = batch["focal"].to(d.device) if "focal" in batch else None
+        timer.data_ready()
+        first = bucket not in first_step_s
+        if first:
+            _sync(d.device)
+            t_first = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext():
-            loss, silog, distill = runner(images, points, target, valid, bucket, extra)
+            loss, silog, distill = step_fn(images, points, target, valid, bucket, extra, focal)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         opt.step()
         sched.step()
+        timer.step_done(timed=not first and step > skip)
+        if first:
+            _sync(d.device)
+            first_step_s[bucket] = round(time.perf_counter() - t_first, 3)
         imgs_since += images.shape[0] * d.world
         sums = sums + torch.stack([loss.detach(), silog, distill]).float()  # no host sync until the log row
         n_sum += 1
@@ -465,22 +488,30 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         if step % cfg.log_every == 0 or step == cfg.steps:
             mean = (sums / n_sum).tolist()  # the window's mean, not one noisy step
             last_loss = mean[0]
+            data_ms, compute_ms = timer.window()
             now = time.perf_counter()
             row = dict(step=step, loss=round(last_loss, 6), silog=round(mean[1], 6), distill=round(mean[2], 6),
                        lr=float(sched.get_last_lr()[0]), q=q, bucket=bucket, grad_norm=round(float(gnorm), 4),
-                       imgs_per_s=round(imgs_since / max(now - t_last, 1e-9), 2), elapsed_s=round(now - t0, 2))
+                       imgs_per_s=round(imgs_since / max(now - t_last, 1e-9), 2), elapsed_s=round(now - t0, 2),
+                       data_ms=round(data_ms, 3), compute_ms=round(compute_ms, 3))
             log.log(row)
             if bar is not None:
                 bar.set_postfix(loss=f"{last_loss:.4f}", img_s=f"{row['imgs_per_s']:.1f}", q=q)
             t_last, imgs_since, sums, n_sum = now, 0, torch.zeros(3, device=d.device), 0
+            if cfg.max_time_s and _all_ranks_any(now - t0 > cfg.max_time_s, d):
+                stopped = {"reason": f"max_time_s={cfg.max_time_s:g} reached", "at_step": step}
         if bar is not None:
             bar.update(1)
-        if d.main and (step == cfg.steps or cfg.eval_every and step % cfg.eval_every == 0):  # rows before the checkpoint
+        if d.main and (step == cfg.steps or stopped is not None or cfg.eval_every and step % cfg.eval_every == 0):
+            # the evaluation's row is logged before the checkpoint that marks the step done
             last_eval = _validate(model, cfg, mcfg, step, log)
-        if d.main and (step % cfg.ckpt_every == 0 or step == cfg.steps):
+        if d.main and (step % cfg.ckpt_every == 0 or step == cfg.steps or stopped is not None):
             _save(out, step, model, opt, sched, cfg, d, stored_cfg)
         if hook is not None:
             hook(step, {"loss": loss.detach(), "model": model})
+        if stopped is not None:
+            break
+        timer.next_step()
     if bar is not None:
         bar.close()
     if d.main and step == cfg.steps and not ckpt.step_dir(out, step).is_dir():  # e.g. steps=0
@@ -488,9 +519,17 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
     if d.main and start_step == cfg.steps:  # resumed at its end (killed after the last checkpoint), or steps=0
         last_eval = log.logged(step, eval_row=True) or _validate(model, cfg, mcfg, step, log)
         last_loss = (log.logged(step) or {}).get("loss", last_loss)
+    _sync(d.device)
     wall = time.perf_counter() - t0
+    timer.window()  # the last steps into the totals
     summary: dict[str, Any] = {"step": step, "steps": cfg.steps, "resumed_from": start_step, "last_loss": last_loss,
                                "wall_s": round(wall, 2), "world_size": d.world, "device": str(d.device)}
+    if stopped is not None:
+        summary["stopped_early"] = stopped
+    summary["throughput"] = timer.summary(cfg.batch_size * d.world, step - start_step, wall, first_step_s,
+                                          data_path="device" if scenes is not None else "host",
+                                          data_setup_s=round(data_setup_s, 2), compile=cfg.compile,
+                                          scenes=len(train_set), batch_size=cfg.batch_size)
     if d.world > 1:
         summary["backend"] = dist.get_backend()
         summary["ranks_in_sync"] = _ranks_in_sync(model)
@@ -501,6 +540,81 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
     if d.world > 1:
         dist.barrier()
     return summary
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _all_ranks_any(flag: bool, d: Dist) -> bool:
+    """True on every rank if it is True on any (so all ranks stop at the same step)."""
+    if d.world == 1:
+        return bool(flag)
+    t = torch.tensor([1.0 if flag else 0.0], device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+class StepTimer:
+    """Where a step's time goes: data (the batch made and on the device) and compute (forward,
+    backward, optimizer). On CUDA it reads events on the device's clock, only at log rows (no sync per
+    step); elsewhere the host's clock. Logging, validation and checkpoints fall between steps and
+    count in neither."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple] = []
+        self.start = self._mark()
+        self._data = None
+        self.total = [0.0, 0.0, 0]  # data s, compute s, steps (timed ones)
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def _seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def data_ready(self) -> None:
+        self._data = self._mark()
+
+    def step_done(self, timed: bool) -> None:
+        self.marks.append((self.start, self._data, self._mark(), timed))
+
+    def next_step(self) -> None:
+        self.start = self._mark()
+
+    def window(self) -> tuple[float, float]:
+        """Mean data and compute ms per step since the last call (and the timed ones into the totals)."""
+        if not self.marks:
+            return float("nan"), float("nan")
+        if self.cuda:
+            self.marks[-1][2].synchronize()
+        sd = sc = 0.0
+        for a, b, c, timed in self.marks:
+            ds, cs = self._seconds(a, b), self._seconds(b, c)
+            sd, sc = sd + ds, sc + cs
+            if timed:
+                self.total[0] += ds
+                self.total[1] += cs
+                self.total[2] += 1
+        n = len(self.marks)
+        self.marks.clear()
+        return 1e3 * sd / n, 1e3 * sc / n
+
+    def summary(self, images_per_step: int, steps: int, wall: float, first_step_s: dict, **extra) -> dict[str, Any]:
+        d, c, n = self.total
+        out: dict[str, Any] = {"timed_steps": n, "clock": "cuda events" if self.cuda else "host"}
+        if n:
+            per = (d + c) / n
+            out.update(imgs_per_s=round(images_per_step / per, 1), step_ms=round(1e3 * per, 3),
+                       data_ms=round(1e3 * d / n, 3), compute_ms=round(1e3 * c / n, 3), data_share=round(d / (d + c), 4))
+        out.update(wall_imgs_per_s=round(images_per_step * steps / max(wall, 1e-9), 1), first_step_s=first_step_s, **extra)
+        return out
 
 
 def _ranks_in_sync(model: nn.Module) -> bool:

@@ -17,7 +17,9 @@ from depthpack.data import DataConfig, make_dataset, read_depth, render, sample_
 from depthpack.data import synthetic as syn
 from depthpack.data.common import crop_mask, resize_nearest
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "real"
+# beside the repository, or (a git worktree under /work/wt/NAME) beside the worktrees' folder
+REAL = next((p / "shared" / "data" / "real" for p in Path(__file__).resolve().parents[3:5]
+             if (p / "shared" / "data" / "real").is_dir()), Path(__file__).resolve().parents[3] / "shared" / "data" / "real")
 needs_real = pytest.mark.skipif(not REAL.is_dir(), reason=f"real samples not found at {REAL}")
 
 

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -72,3 +72,41 @@ def test_data_option_accepts_a_training_yaml_and_overrides(run_dir, tmp_path):
         data_config(run_dir, None, ["seed=1"])
     with pytest.raises(ValueError, match="unknown DataConfig"):
         data_config(run_dir, None, ["data.nope=1"])
+
+
+def test_dense_map_and_curve_options(run_dir, tmp_path):
+    from depthpack.core.checkpoint import load_model
+    from depthpack.data import make_dataset
+    from depthpack.eval.metrics import MetricAccumulator
+    from depthpack.eval.evaluate import data_config
+
+    args = ["--checkpoint", str(run_dir), "--queries", "8", "16", "100", "--max-images", "3", "--batch-size", "2",
+            "--figure-images", "0", "--no-progress", "--anchors", "on"]
+    plain = main(args + ["--out", str(tmp_path / "plain")])
+    assert "dense_map" not in plain and "shares" not in plain  # the defaults are unchanged
+    assert "Dense map" not in (tmp_path / "plain" / "eval.md").read_text()
+    r = main(args + ["--out", str(tmp_path / "x"), "--dense-map", "--curve", "--context", "32", "64"])
+    assert [x for x in r["rows"] if "@" not in x["path"]] == plain["rows"]
+    rows = {(x["path"], x["queries"]): x["abs_rel"] for x in r["rows"]}
+    assert set(p for p, _ in rows) == {"packed", "masked", "dense", "packed@32", "packed@64"}
+    assert ("packed@32", 100) not in rows  # only buffers larger than the Q's own bucket
+    assert rows[("packed@64", 8)] == pytest.approx(rows[("dense", 8)], rel=1e-5)  # 64 slots: every patch
+    assert (tmp_path / "x" / "curve.png").stat().st_size > 0
+    md = (tmp_path / "x" / "eval.md").read_text()
+    assert "| dense map | on |" in md and "| Q | buffer share |" in md
+    shares = {e["queries"]: e for e in r["shares"]}
+    # tiny: 64 patches, buckets 8..64; Q=100 runs two chunks (64 + 64 slots: 200% of the dense path's patches)
+    assert [shares[q]["buffer_share"] for q in (8, 16, 100)] == [8 / 64, 16 / 64, 128 / 64]
+    assert 0 < shares[8]["queried_share"] <= 8 / 64 and shares[100]["tokens_dense"] == 1 + 4 + 64
+    # the dense map's AbsRel: every valid pixel of each image, computed here independently
+    model = load_model(run_dir)
+    ds = make_dataset(data_config(run_dir, None, []), "val", model.cfg.img_size, model.cfg.min_depth, model.cfg.max_depth)
+    acc = MetricAccumulator()
+    for i in range(3):
+        s = ds[i]
+        with torch.no_grad():
+            pred = model.forward_dense(s["image"][None])[0]
+        m = s["valid"] & s["eval_mask"]
+        acc.update(pred[m], s["depth"][m])
+    assert r["dense_map"][0]["abs_rel"] == pytest.approx(acc.compute()["abs_rel"], rel=1e-5)
+    assert r["focal"]["mode"] == "data" and r["focal"]["images_with_focal"] == 3

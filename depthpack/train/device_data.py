@@ -1,0 +1,157 @@
+"""The training data path on the device: every scene in one uint8 tensor, batches made there.
+
+    data = DeviceScenes(store, device, cfg, mcfg, rank)    # store: depthpack.data.store.SceneStore
+    for step, q, idx in device_stream(data.n, cfg, d, start_step, buckets):
+        b = data.batch(idx, q, bucket_for(q, buckets), step)   # a DeviceBatch: images, points, ...
+
+Why: rendering or loading samples on the host, collating them and copying them over made training
+data-bound (100 images/s for vits 420x560 with 12 workers, while the step itself needs a few ms).
+Here a batch is a handful of kernels with no host work and no host sync: one index_select of the
+batch's rows (image uint8, depth float16, focal float32 in one row, depthpack.data.store), the
+left-right mirror as a select, and the query points drawn by Gumbel top-k (sampling without
+replacement, weights uniform over the valid pixels or, for the edge share, the Sobel magnitude of
+the image as depthpack.data.sample_queries weighs them). The points are padded to the bucket
+(copies of the first point, marked invalid, so the selection and the loss are those of the Q real
+points), so the shapes of a step depend on its bucket alone: one compiled graph per bucket.
+
+Everything random is drawn from a generator on the device seeded by (seed, step, rank), and the batch
+order is the DistributedSampler permutation of the host stream, so a resumed run replays the same
+batches. It is not the host stream's sampler (another algorithm draws the points), so a run keeps
+the data path it started with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from ..core.config import ModelConfig
+from ..data.queries import sobel_magnitude
+from ..data.store import SceneStore, decode_rows
+from .config import TrainConfig, draw_q
+
+LOAD_CHUNK_BYTES = 256 << 20  # host -> device copy in pieces of this size (no giant staging buffer)
+
+
+@dataclass
+class DeviceBatch:
+    images: torch.Tensor  # [B,3,H,W] float32 in [0,1]
+    points: torch.Tensor  # [B,K,2] float32 (x, y), K = bucket; the first q real, the rest copies
+    target: torch.Tensor  # [B,K] float32 meters
+    valid: torch.Tensor  # [B,K] bool (False for the padding)
+    extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None  # (points, parent, target, valid)
+    focal: torch.Tensor  # [B] float32 pixels (0 = unknown)
+
+
+def load_rows(store: SceneStore, device: torch.device) -> torch.Tensor:
+    """The store's rows as ONE uint8 tensor [n, row_bytes] on the device, copied in chunks."""
+    n, L = store.n, store.layout.row_bytes
+    out = torch.empty((n, L), dtype=torch.uint8, device=device)
+    chunk = max(1, LOAD_CHUNK_BYTES // L)
+    for s in range(0, n, chunk):
+        part = torch.from_numpy(store.rows[s:s + chunk].copy())  # the memmap is read-only: copy the piece
+        out[s:s + part.shape[0]].copy_(part)
+    return out
+
+
+def gumbel_topk(logw: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
+    """k indices per row of logw [B,N] (log weights, -inf = never unless fewer than k are finite),
+    drawn without replacement with probability proportional to the weights (Gumbel top-k)."""
+    u = torch.rand(logw.shape, generator=g, device=logw.device).clamp_(min=1e-20)
+    return (logw - torch.log(-torch.log(u))).topk(k, dim=1, sorted=False).indices
+
+
+def sample_points(valid: torch.Tensor, images: torch.Tensor, q: int, edge_frac: float, g: torch.Generator) -> torch.Tensor:
+    """q points per image among the valid pixels: float32 [B,q,2] (x, y), integer-valued.
+    round(q * edge_frac) by Sobel magnitude (+ a tiny floor), the rest uniform, shuffled together."""
+    B, H, W = valid.shape
+    vflat = valid.reshape(B, H * W)
+    n_edge = int(round(q * edge_frac))
+    neg = torch.tensor(float("-inf"), device=valid.device)
+    parts = []
+    if q - n_edge:
+        parts.append(gumbel_topk(torch.where(vflat, torch.zeros((), device=valid.device), neg), q - n_edge, g))
+    if n_edge:
+        mag = sobel_magnitude(images).reshape(B, H * W)
+        w = (mag + 1e-6 * (1.0 + mag.amax(dim=1, keepdim=True))) * vflat
+        parts.append(gumbel_topk(torch.where(vflat, torch.log(w), neg), n_edge, g))
+    idx = torch.cat(parts, dim=1)  # [B,q]
+    idx = torch.gather(idx, 1, torch.rand(B, q, generator=g, device=valid.device).argsort(dim=1))
+    return torch.stack([idx % W, torch.div(idx, W, rounding_mode="floor")], dim=-1).float()
+
+
+def at_points(points: torch.Tensor, *maps: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Values of [B,H,W] maps at the pixels of points [B,P,2] -> [B,P] each."""
+    W = maps[0].shape[-1]
+    flat = points[..., 1].long() * W + points[..., 0].long()
+    return tuple(torch.gather(m.reshape(m.shape[0], -1), 1, flat) for m in maps)
+
+
+class DeviceScenes:
+    """A scene store resident on the training device, and the batches made from it."""
+
+    def __init__(self, store: SceneStore, device: torch.device, cfg: TrainConfig, mcfg: ModelConfig, rank: int = 0):
+        if tuple(mcfg.img_size) != (store.layout.height, store.layout.width):
+            raise ValueError(f"scene store {store.path} holds {store.layout.height}x{store.layout.width} scenes, "
+                             f"the model takes {mcfg.img_size}")
+        self.store, self.device, self.cfg, self.mcfg, self.rank = store, device, cfg, mcfg, rank
+        self.rows = load_rows(store, device)  # [n, row_bytes] uint8: the one tensor
+        self.n = store.n
+        self.gen = torch.Generator(device=device)
+
+    def bytes(self) -> int:
+        return self.rows.numel()
+
+    def batch(self, idx: torch.Tensor, q: int, bucket: int, step: int) -> DeviceBatch:
+        """The batch of scene indices idx [B] (on the device) with q query points each, padded to bucket."""
+        cfg, mcfg, dev = self.cfg, self.mcfg, self.device
+        g = self.gen
+        g.manual_seed(((cfg.seed * 7919 + step) * 131 + self.rank) * 1031)
+        rows = self.rows.index_select(0, idx)  # [B, row_bytes]: one gather
+        img8, d16, focal = decode_rows(rows, self.store.layout)
+        B = rows.shape[0]
+        if cfg.hflip:
+            flip = torch.rand(B, generator=g, device=dev) < 0.5
+            img8 = torch.where(flip[:, None, None, None], img8.flip(-1), img8)
+            d16 = torch.where(flip[:, None, None], d16.flip(-1), d16)
+        images = img8.float() / 255.0  # as depthpack.core.preprocess.frames_to_images
+        depth = d16.float()
+        valid_map = (depth >= mcfg.min_depth) & (depth <= mcfg.max_depth)  # 0 (no hit) is invalid
+        depth = torch.where(valid_map, depth, torch.zeros((), device=dev))
+        pts = sample_points(valid_map, images, q, cfg.edge_frac, g)  # [B,q,2]
+        points = torch.cat([pts, pts[:, :1].expand(B, bucket - q, 2)], dim=1)  # [B,K,2]
+        real = torch.arange(bucket, device=dev) < q  # [K]
+        target, valid = at_points(points, depth, valid_map)
+        valid = valid & real
+        extra = None
+        if cfg.extra_points:
+            n, p = cfg.extra_points * bucket, mcfg.patch_size
+            parent = torch.randint(q, (B, n), generator=g, device=dev)  # among the real queries only
+            corner = torch.div(torch.gather(points, 1, parent.unsqueeze(-1).expand(B, n, 2)), p, rounding_mode="floor") * p
+            xp = corner + torch.randint(p, (B, n, 2), generator=g, device=dev).float()
+            xt, xv = at_points(xp, depth, valid_map)
+            extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.extra_points * q))
+        return DeviceBatch(images, points, target, valid, extra, focal.float())
+
+
+def device_stream(n: int, cfg: TrainConfig, world: int, rank: int, start_step: int, buckets: tuple[int, ...],
+                  device: torch.device) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(step, q, idx [B] on the device) for steps start_step+1 .. cfg.steps: the batch order of the host
+    stream (a DistributedSampler permutation per epoch) and its Q (draw_q)."""
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    per_epoch = len(sampler) // cfg.batch_size
+    if per_epoch == 0:
+        raise ValueError(f"the scene store has {n} scenes: fewer than one batch of {cfg.batch_size} per process "
+                         f"({world} processes)")
+    step, epoch_now, perm = start_step, None, None
+    B = cfg.batch_size
+    while step < cfg.steps:
+        epoch, offset = divmod(step, per_epoch)
+        if epoch != epoch_now:
+            sampler.set_epoch(epoch)
+            perm = torch.tensor(list(sampler), dtype=torch.long, device=device)
+            epoch_now = epoch
+        step += 1
+        yield step, draw_q(cfg, buckets, step), perm[offset * B:(offset + 1) * B]
