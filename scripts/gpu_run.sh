@@ -105,15 +105,23 @@ if [ "$PART" = frames ]; then  # the frame path in Python and C++, the first lev
     --cache-dir "$CACHE" --out "$W/levers" 2>&1 | quiet | grep -E '^\| vits|failed|^\{' | cut -c1-240 | tee -a "$LOG"
 fi
 
-if [ "$PART" = measure ]; then  # the C++ frame loop, the fewer-kernels levers, the kernel profile
+if [ "$PART" = measure ]; then  # what run 4 of 2026-12-02 left unmeasured: B8 Q512, the C++ frame loop, levers, profile
   build_runner
-  step "the C++ frame loop (vits bf16, bucket 256, 640x480 bgr8 raw frames)"
-  timeout "${CPP_S:-200}" bash scripts/cpp_frame_loop.sh "$W" 2>&1 | tail -8 | tee -a "$LOG"
+  step "the C++ frame loop (background: two vits bf16 bucket-256 exports, then 60 raw 640x480 bgr8 frames each)"
+  ( timeout "${CPP_S:-240}" bash scripts/cpp_frame_loop.sh "$W" > "$W/logs/cpp_loop.out" 2>&1 ) &
+  CPP_PID=$!
+  TEST_S=${TEST_S:-120} XDIST=4 gpu_tests tests/runtime/test_frames.py tests/train/test_device_data.py
+  wait $CPP_PID; echo "cpp loop exit $?" | tee -a "$LOG"; tail -6 "$W/logs/cpp_loop.out" | tee -a "$LOG"
+  step "B8 Q512 (vits bf16): masked and packed graphs, compiled, and from host camera frames"
+  timeout "${BENCH_S:-110}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 8 --queries 512 \
+    --rows masked-graph,packed-graph,packed-compile+graph,packed-compile+graph@frames \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/targets_b8" 2>&1 | quiet \
+    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
   step "the fewer-kernels levers at B1 Q256 (vits bf16), each the previous row plus one switch"
-  timeout "${LEVERS_S:-200}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1 --queries 256 \
-    --rows levers,packed-compile+graph@frames --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/levers" 2>&1 \
+  timeout "${LEVERS_S:-170}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --rows levers --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/levers" 2>&1 \
     | quiet | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
   step "kernel profile (vits bf16 B1 Q256)"
-  timeout "${PROFILE_S:-80}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+  timeout "${PROFILE_S:-60}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
 fi
