@@ -121,6 +121,7 @@ if [ "$PART" = measure ]; then  # what run 4 of 2026-12-02 left unmeasured: B8 Q
   timeout "${LEVERS_S:-170}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --rows levers --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/levers" 2>&1 \
     | quiet | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  [ "${PROFILE_S:-60}" -gt 0 ] || exit 0
   step "kernel profile (vits bf16 B1 Q256)"
   timeout "${PROFILE_S:-60}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
