@@ -158,6 +158,8 @@ def test_manifest_device_and_arch_mismatch_refused(exported, tmp_path):
         d = tmp_path / key
         shutil.copytree(exported.out, d)
         m = dict(exported.manifest, **{key: value})
+        if key == "device":  # a well-formed CUDA manifest names its compute capability
+            m["compute_capability"] = "9.0"
         (d / "manifest.json").write_text(json.dumps(m))
         with pytest.raises(ValueError, match=message):
             load_runners(d / "manifest.json", "cpu")
