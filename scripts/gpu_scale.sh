@@ -36,7 +36,7 @@ if [ "${SCALE_SMOKE:-0}" = 1 ]; then   # the whole pipeline at the tiny size, fo
   MAX_STEPS=12; DEADLINE_S=${DEADLINE_S:-1500}; TRAIN_OVERHEAD_S=${TRAIN_OVERHEAD_S:-150}
 else
   COMMON=(data.cache_dir="$WORK/scenes" data.render_budget_s=60)  # (the budget: only if the train step must render)
-  THR_N=256; THR_BATCHES="16 64"; THR_SEC=${THR_SEC:-11}; RECIPE_BATCH=64; QUERIES="16 64 256 1024"; CONTEXT="512 1024"
+  THR_N=256; THR_BATCHES="64 16"; THR_SEC=${THR_SEC:-11}; RECIPE_BATCH=64; QUERIES="16 64 256 1024"; CONTEXT="512 1024"
   RENDER_S=${RENDER_S:-85}; THR_S=${THR_S:-45}; TRAIN_S=${TRAIN_S:-330}; EVAL_S=${EVAL_S:-60}
   MAX_STEPS=${MAX_STEPS:-30000}
 fi
