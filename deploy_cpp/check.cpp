@@ -23,8 +23,13 @@ Check check_reference(Runner& r, const std::string& path) {
       want.shape != std::vector<int64_t>{points.shape[0], points.shape[1]})
     throw Error("check " + path + ": points / depth malformed");
   if (!frames) io::check_unit_range(image.f32, "check " + path);
-  std::optional<float> focal;
-  if (m.has_input("focal") && ref.has("focal")) focal = ref.get("focal").f32.at(0);
+  std::optional<float> focal;  // the runner feeds one focal per call: the reference's rows must agree
+  if (m.has_input("focal") && ref.has("focal")) {
+    io::Tensor f = ref.get("focal");
+    if (f.dtype != "F32" || f.shape.size() != 1 || f.shape[0] < B || !std::equal(f.f32.begin() + 1, f.f32.begin() + B, f.f32.begin()))
+      throw Error("check " + path + ": its focal must be float32 [>=B] with one value in the first B rows");
+    focal = f.f32[0];
+  }
   Check c;
   c.points = points.shape[1];
   std::vector<float> got(size_t(B * c.points));

@@ -16,7 +16,8 @@ struct Check {
 };
 
 // REF holds "images" float32 [>=B,3,H,W] (frame packages: "frames" uint8 [>=B,h,w,3]), "points"
-// float32 [>=B,Q,2], "depth" float32 [>=B,Q], optionally "focal" [>=B]; the first B rows are used.
+// float32 [>=B,Q,2], "depth" float32 [>=B,Q], optionally "focal" float32 [>=B] (one value in the
+// first B rows; fed to packages with a focal input, else the manifest's default); the first B rows are used.
 Check check_reference(Runner& runner, const std::string& path);
 
 }  // namespace depthpack

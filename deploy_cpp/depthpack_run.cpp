@@ -41,7 +41,9 @@ options
   --points PATH       CSV, one "x,y" per line in the frame's pixels; optional header "x,y"; blank
                       lines ignored; the same points for every frame
   --out PATH          the depths as CSV, "x,y,depth" (frame loops: "frame,x,y,depth"); default stdout
-  --focal F           focal length in pixels, for packages that take one (default: the manifest's)
+  --focal F           the camera's focal length sqrt(fx*fy) in the input's pixels, > 0 (default:
+                      the manifest's "focal" default); packages without a focal input ignore it
+                      (one warning line)
   --bench N           time N runs of each bucket used; median and p90 latency (ms)
   --no-graph          on CUDA, run the packages directly instead of replaying CUDA graphs
   --device-index I    CUDA device (default 0)
@@ -88,7 +90,11 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--video") a.video = value(k);
     else if (f == "--images") a.images = value(k);
     else if (f == "--raw") a.raw = value(k);
-    else if (f == "--focal") a.focal = float(number(f, value(k)));
+    else if (f == "--focal") {
+      const double x = number(f, value(k));
+      if (!(x > 0) || x > 1e7) throw Error("--focal must be a positive number of pixels, got \"" + std::string(argv[k]) + "\"");
+      a.focal = float(x);
+    }
     else if (f == "--bench") a.bench = integer(k, 1);
     else if (f == "--device-index") a.device_index = integer(k, 0);
     else if (f == "--no-graph") a.graph = false;
@@ -222,6 +228,8 @@ int frame_loop(depthpack::Runner& r, const Args& a) {
 int run_main(int argc, char** argv) {
   const Args a = parse_args(argc, argv);
   depthpack::Runner runner(a.manifest, {a.device_index, a.graph});
+  if (a.focal && !runner.manifest().has_input("focal"))
+    std::fprintf(stderr, "depthpack_run: warning: --focal ignored: these packages take no focal input (a model without canonical_focal)\n");
   if (!a.check.empty() && !report_check(runner, a.check)) return 1;
   if (!a.image.empty()) predict_image(runner, a);
   if (!a.raw.empty() || !a.video.empty() || !a.images.empty()) frame_loop(runner, a);

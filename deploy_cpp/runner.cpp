@@ -144,15 +144,15 @@ struct Runner::Impl {
     if (m.batch > 1) image.narrow(0, 1, m.batch - 1).copy_(row0.expand_as(image.narrow(0, 1, m.batch - 1)));
   }
 
-  void stage_focal(std::optional<float> f) {
-    if (!focal.defined()) {
-      if (f) throw Error("a focal length was given but the packages take no \"focal\" input");
-      return;
-    }
-    if (!f) f = m.focal_default;
-    if (!f) throw Error("the packages take a focal length: give one (--focal F) or export with a default (manifest \"focal\")");
-    if (!std::isfinite(*f) || *f <= 0) throw Error("focal length " + num(*f) + " must be a positive number of pixels");
-    focal_host.fill_(*f);
+  // The focal input of packages that take one: f (pixels of the caller's input) times scale (to the
+  // packages' input pixels), else the manifest's default (already in them). Packages without a focal
+  // input ignore f after the same check: a robot passes its camera's focal to every model.
+  void stage_focal(std::optional<float> f, double scale) {
+    if (f && (!std::isfinite(*f) || *f <= 0)) throw Error("focal length " + num(*f) + " must be a positive number of pixels");
+    if (!focal.defined()) return;
+    const std::optional<float> use = f ? std::optional<float>(float(double(*f) * scale)) : m.focal_default;
+    if (!use) throw Error("the packages take a focal length: give one (--focal F) or export with a default (manifest \"focal\")");
+    focal_host.fill_(*use);
     focal.copy_(focal_host, /*non_blocking=*/true);
   }
 
@@ -218,7 +218,8 @@ void Runner::predict(const Frame& f, const float* xy, int64_t n, float* depth, s
       throw Error("point " + std::to_string(i) + " (" + num(x) + ", " + num(y) + ") lands on the image border after scaling to " +
                   std::to_string(r.m.W) + "x" + std::to_string(r.m.H));
   }
-  r.stage_focal(focal);
+  // image packages: the frame's focal scaled to the model's pixels (core.preprocess.scale_focal)
+  r.stage_focal(focal, frames ? 1.0 : std::sqrt((double(r.m.W) / double(f.width)) * (double(r.m.H) / double(f.height))));
   r.stage_frame(f);
   r.run(r.scaled.data(), 1, n, depth);
 }
@@ -237,7 +238,7 @@ void Runner::predict_inputs(const void* image, int64_t rows, const float* xy, in
                   num(xy[2 * i + 1]) + ") is outside the " + num(lim_x) + "x" + num(lim_y) + " image, or not finite");
   std::vector<int64_t> shape = r.image.sizes().vec();
   shape[0] = rows;
-  r.stage_focal(focal);
+  r.stage_focal(focal, 1.0);
   r.image.copy_(at::from_blob(const_cast<void*>(image), shape, r.image.scalar_type()).expand_as(r.image));
   r.run(xy, rows, n, depth);
 }

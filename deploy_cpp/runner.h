@@ -48,8 +48,10 @@ class Runner {
 
   // depth[i] (meters) at (xy[2i], xy[2i+1]), pixels of this frame, for i < n. Image packages get
   // the frame resized to the model's size and the points scaled; frame packages get both as they
-  // are. focal: the frame's focal length in pixels, for packages that take one (default: the
-  // manifest's "focal"). Throws depthpack::Error on bad input, naming it.
+  // are. focal: the frame's focal length sqrt(fx * fy) in this frame's pixels (scaled to the model's
+  // pixels for image packages, as the points are; default: the manifest's "focal" default). It must
+  // be finite and > 0; packages without a focal input ignore it. Throws depthpack::Error on bad
+  // input, naming it.
   void predict(const Frame& frame, const float* xy, int64_t n, float* depth, std::optional<float> focal = {});
 #ifdef DEPTHPACK_WITH_OPENCV
   void predict(const cv::Mat& bgr, const float* xy, int64_t n, float* depth, std::optional<float> focal = {}) {
@@ -60,7 +62,7 @@ class Runner {
 
   // The packages' own input, already preprocessed: `rows` (1: repeated over the batch, or the
   // batch) of "images" float32 [3,H,W] RGB in [0,1] at the model's size, or of "frames" uint8
-  // [h,w,3] in the manifest's channel order; xy [rows,n,2] in those pixels; depth [rows,n].
+  // [h,w,3] in the manifest's channel order; xy [rows,n,2] and focal in those pixels; depth [rows,n].
   void predict_inputs(const void* image, int64_t rows, const float* xy, int64_t n, float* depth,
                       std::optional<float> focal = {});
 

@@ -70,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--frame-format", default="bgr8", choices=sorted(FRAME_FORMATS),
                     help="with --frame-size: the frames' channel order (bgr8: OpenCV and most drivers)")
     ap.add_argument("--seed", type=int, default=0, help="seed of preset weights, reference and check inputs")
+    ap.add_argument("--model", type=_settings, default=None, metavar="K=V,...",
+                    help="with --preset: model config overrides, e.g. canonical_focal=48 (a focal input)")
     ap.add_argument("--cpp-runner", default=None,
                     help="deploy_cpp's depthpack_run, for the self-check where loading packages kills Python "
                          "(torch 2.11 + CUDA); default: $DEPTHPACK_RUN or deploy_cpp/build")
@@ -78,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _main(argv=None) -> int:
     args = parse_args(argv)
-    model, preset = load_for_export(args.checkpoint, args.preset, args.seed)
+    model, preset = load_for_export(args.checkpoint, args.preset, args.seed, args.model)
     opts = ExportOptions(out=args.out, device=args.device, dtype=args.dtype, buckets=args.buckets,
                          batch=args.batch, onnx=args.onnx or bool(args.onnx_buckets),
                          onnx_buckets=args.onnx_buckets, max_autotune=args.max_autotune,

@@ -12,6 +12,9 @@ contiguous tensor of a fixed shape and dtype, one of
                                {"size": [h, w], "color": "bgr" | "rgb"}), preprocessed inside
                                (depthpack.core.preprocess)
     points  float32 [B,K,2]    (x, y) pixels of those images or frames
+    focal   float32 [B]        only for models with a focal input (manifest "focal" not null): each
+                               row's focal length sqrt(fx * fy) in pixels of those images or frames
+                               (0 = unknown: the model's default), scaled inside like the points
 and it returns depth float32 [B,K] meters; normalization and the compute dtype are inside. Each
 package also carries its bucket and input specs in its own metadata (PACKAGE_METADATA), so a
 manifest entry that names the wrong package is caught when it loads.
@@ -37,7 +40,10 @@ REFERENCE_POINTS = "reference_points.csv"
 REQUIRED_KEYS = ("format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
                  "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
                  "preprocess", "tolerance", "buckets", "reference")
-OPTIONAL_KEYS = ("onnx", "build")  # build: the fast paths and Inductor settings asked for
+OPTIONAL_KEYS = ("onnx", "build", "focal")  # build: the fast paths and Inductor settings asked for;
+# focal: {"default": f, "canonical": c, "units": FOCAL_UNITS}, both in pixels of the package's input
+# (frames: the frame; images: the model's image), present when the packages take a "focal" input
+FOCAL_UNITS = "pixels of the input"
 BUCKET_KEYS = ("bucket", "file", "sha256", "inputs", "outputs")
 TENSOR_DTYPES = ("float32", "uint8")
 FRAME_FORMATS = {"bgr8": "bgr", "rgb8": "rgb"}  # the exporter's --frame-format -> the manifest's frame color
@@ -69,12 +75,31 @@ def tensor_spec(name: str, shape, dtype: str = "float32") -> dict:
     return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype}
 
 
-def io_specs(image_size: tuple[int, int], batch: int, bucket: int, frame: dict | None = None) -> tuple[list[dict], list[dict]]:
-    """(inputs, outputs) of the package of one bucket, in call order; frame: the manifest's "frame"."""
+def io_specs(image_size: tuple[int, int], batch: int, bucket: int, frame: dict | None = None,
+             focal: bool = False) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of the package of one bucket, in call order; frame: the manifest's "frame";
+    focal: the packages take a focal input (the manifest's "focal" is not null)."""
     H, W = image_size
     first = (tensor_spec("frames", [batch, *frame["size"], 3], "uint8") if frame
              else tensor_spec("images", [batch, 3, H, W]))
-    return [first, tensor_spec("points", [batch, bucket, 2])], [tensor_spec("depth", [batch, bucket])]
+    inputs = [first, tensor_spec("points", [batch, bucket, 2])] + ([tensor_spec("focal", [batch])] if focal else [])
+    return inputs, [tensor_spec("depth", [batch, bucket])]
+
+
+def input_scale(image_size: tuple[int, int], frame: dict | None) -> float:
+    """A focal in pixels of the packages' input times this is the focal in the model image's pixels
+    (core.preprocess.scale_focal's factor; 1 for packages that take images)."""
+    if not frame:
+        return 1.0
+    (h, w), (H, W) = frame["size"], image_size
+    return math.sqrt((W / w) * (H / h))
+
+
+def focal_entry(canonical: float, default: float, image_size: tuple[int, int], frame: dict | None) -> dict:
+    """The manifest's "focal" for a model of this canonical and default focal (pixels of the model's
+    image), both converted to pixels of the packages' input."""
+    s = input_scale(image_size, frame)
+    return {"default": float(default) / s, "canonical": float(canonical) / s, "units": FOCAL_UNITS}
 
 
 class ManifestError(ValueError):
@@ -114,7 +139,7 @@ def read_manifest(path: str | Path) -> dict:
     cc = m["compute_capability"]
     _need(cc is None if m["device"] == "cpu" else isinstance(cc, str) and re.fullmatch(r"\d+\.\d+", cc) is not None, w,
           "compute_capability must be null for cpu packages and 'X.Y' for cuda ones")
-    _need(m["dtype"] in DTYPES, w, f"dtype must be one of {sorted(DTYPES)}, got {m['dtype']!r}")
+    _need(isinstance(m["dtype"], str) and m["dtype"] in DTYPES, w, f"dtype must be one of {sorted(DTYPES)}, got {m['dtype']!r}")
     _need(_finite(m["min_depth"]) and _finite(m["max_depth"]) and 0 < m["min_depth"] < m["max_depth"], w,
           "need numbers 0 < min_depth < max_depth")
     tol = m["tolerance"]
@@ -125,6 +150,11 @@ def read_manifest(path: str | Path) -> dict:
                             and isinstance(frame.get("size"), list) and len(frame["size"]) == 2
                             and all(_pos_int(v, MAX_SIZE) for v in frame["size"])), w,
           f'frame must be null or {{"size": [h, w], "color": "bgr" | "rgb"}}, sizes in [1, {MAX_SIZE}]')
+    focal = m.get("focal")
+    _need(focal is None or (isinstance(focal, dict) and _finite(focal.get("default")) and focal["default"] > 0
+                            and _finite(focal.get("canonical")) and focal["canonical"] > 0
+                            and focal.get("units") == FOCAL_UNITS), w,
+          f'focal must be null or {{"default": f, "canonical": c, "units": "{FOCAL_UNITS}"}} with f, c > 0')
     patches = (m["image_size"][0] // m["patch_size"]) * (m["image_size"][1] // m["patch_size"])
     buckets = m["buckets"]
     _need(isinstance(buckets, list) and buckets, w, "buckets must list at least one package")
@@ -139,7 +169,7 @@ def read_manifest(path: str | Path) -> dict:
         prev = b["bucket"]
         _need(_plain_name(b["file"]), wb, f"file must be a plain file name, got {b['file']!r}")
         _need(_sha256(b["sha256"]), wb, "sha256 must be 64 lowercase hex digits")
-        want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"], frame)
+        want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"], frame, focal is not None)
         if b["inputs"] != want_in or b["outputs"] != want_out:
             def shapes(specs):
                 return [t.get("shape") if isinstance(t, dict) else t for t in specs] if isinstance(specs, list) else specs

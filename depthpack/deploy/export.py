@@ -34,7 +34,7 @@ from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
                        REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, io_specs, onnx_name, package_name)
 from .onnx import export_onnx
-from .package import ExportError, cast_model, compile_packages, export_program, levers_for
+from .package import ExportError, cast_model, compile_packages, export_program, levers_for, manifest_focal
 from .reference import write_reference
 from .selfcheck import find_cpp_runner, self_check
 
@@ -75,16 +75,21 @@ def preset_of(cfg: ModelConfig) -> str | None:
     return next((name for name in PRESETS if key(model_config(name)) == key(cfg)), None)
 
 
-def load_for_export(checkpoint: str | None = None, preset: str | None = None, seed: int = 0) -> tuple[DepthPack, str | None]:
+def load_for_export(checkpoint: str | None = None, preset: str | None = None, seed: int = 0,
+                    overrides: dict | None = None) -> tuple[DepthPack, str | None]:
     """(float32 CPU model in eval mode, preset name or None). A checkpoint is rebuilt from its stored
-    config and safetensors weights (nothing is unpickled); a preset gets seeded random weights."""
+    config and safetensors weights (nothing is unpickled); a preset gets seeded random weights, its
+    config changed by overrides first (e.g. {"canonical_focal": 48.0}: a model with a focal input)."""
     if (checkpoint is None) == (preset is None):
         raise ExportError("give exactly one of --checkpoint CKPT or --preset NAME")
+    if overrides and preset is None:
+        raise ExportError("--model overrides a preset's config; a checkpoint's config belongs to its weights")
     if preset is not None:
         if preset not in PRESETS:
             raise ExportError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-        model = random_weights_(create_model(preset, backbone_weights=None), seed)
-        return model.eval(), preset
+        cfg = model_config(preset, **{**(overrides or {}), "backbone_weights": None})
+        model = random_weights_(create_model(cfg), seed)
+        return model.eval(), preset_of(cfg) if overrides else preset
     if not Path(checkpoint).exists():
         raise ExportError(f"checkpoint {checkpoint}: no such file or folder")
     model = load_model(checkpoint)
@@ -197,6 +202,7 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
         "arch": platform.machine(), "dtype": opts.dtype, "torch_version": torch.__version__,
         "min_depth": cfg.min_depth, "max_depth": cfg.max_depth, "frame": frame_of(opts),
+        **({"focal": manifest_focal(cfg, frame_of(opts))} if cfg.uses_focal else {}),
         "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[opts.dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
         "build": {"switches": {k: v for k, v in (opts.switches or {}).items() if k != "fused_embed"},
@@ -252,7 +258,7 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
         t0 = time.perf_counter()
         ep = export_program(deployed, k, opts.batch, device, g, frame)
         times["export_s"][k] = round(time.perf_counter() - t0, 2)
-        inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame)
+        inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame, deployed.cfg.uses_focal)
         path = out / package_name(k)
         jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k,
                      "metadata": {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))},

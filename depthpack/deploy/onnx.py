@@ -1,5 +1,6 @@
 """ONNX (opset 20, float32) of the packed forward of one bucket, checked three ways: onnx.checker,
-onnxruntime, closeness to eager. TensorRT builds its fp16/bf16 engines from it (deploy_cpp/README.md)."""
+onnxruntime, closeness to eager. Its inputs are the package's, by the same names (contract.io_specs:
+images|frames, points and, for a model with a focal input, focal). TensorRT builds its fp16/bf16 engines from it (deploy_cpp/README.md)."""
 from __future__ import annotations
 
 import inspect
@@ -22,9 +23,9 @@ def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Gen
     import onnxruntime as ort
 
     wrapper = PackedForward(model32, k, frame).eval()
-    images, points = example_inputs(model32.cfg, batch, k, "cpu", g, frame)
-    first = "frames" if frame else "images"
-    names = dict(input_names=[first, "points"], output_names=["depth"], opset_version=ONNX_OPSET)
+    args = example_inputs(model32.cfg, batch, k, "cpu", g, frame)  # (images|frames, points[, focal])
+    input_names = ["frames" if frame else "images", "points", "focal"][: len(args)]
+    names = dict(input_names=input_names, output_names=["depth"], opset_version=ONNX_OPSET)
     errors = []
     for dynamo in (True, False):
         try:
@@ -32,7 +33,7 @@ def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Gen
             with torch.no_grad():
                 one_file = dynamo and "external_data" in inspect.signature(torch.onnx.export).parameters
                 kw = {"external_data": False} if one_file else {}  # one self-contained file
-                torch.onnx.export(wrapper, (images, points), str(path), dynamo=dynamo, **names, **kw)
+                torch.onnx.export(wrapper, args, str(path), dynamo=dynamo, **names, **kw)
             onnx.checker.check_model(onnx.load(str(path)), full_check=True)
             exporter = "dynamo" if dynamo else "torchscript"
             break
@@ -41,10 +42,10 @@ def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Gen
     else:
         raise ExportError(f"ONNX export of bucket {k} failed with both exporters: {' | '.join(errors)}")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    fresh_images, fresh_points = example_inputs(model32.cfg, batch, k, "cpu", g, frame)
-    got = sess.run(["depth"], {first: fresh_images.numpy(), "points": fresh_points.numpy()})[0]
+    fresh = example_inputs(model32.cfg, batch, k, "cpu", g, frame)
+    got = sess.run(["depth"], {n: t.numpy() for n, t in zip(input_names, fresh)})[0]
     with torch.no_grad():
-        want = wrapper(fresh_images, fresh_points)
+        want = wrapper(*fresh)
     ok, err = within(torch.from_numpy(got), want, **TOLERANCE["float32"])
     if not ok:
         raise ExportError(f"ONNX bucket {k}: onnxruntime differs from eager by up to {err:.3g} m "

@@ -12,7 +12,8 @@ import torch.nn as nn
 
 from ..core.config import ModelConfig
 from ..core.model import DepthPack
-from ..core.preprocess import frames_to_images, scale_points
+from ..core.preprocess import frames_to_images, scale_focal, scale_points
+from .contract import focal_entry
 
 # ATen ops that read tensor values into the host or make shapes data-dependent (by base name)
 FORBIDDEN_OPS = {"nonzero", "nonzero_static", "_local_scalar_dense", "item", "unique", "_unique", "_unique2",
@@ -47,24 +48,41 @@ def levers_for(compute_capability: str | None, inductor_configs: dict) -> tuple[
 
 class PackedForward(nn.Module):
     """The exported function: images [B,3,H,W] f32 (or, with frame, uint8 frames [B,h,w,3] in the
-    frame's channel order, preprocessed inside), points [B,K,2] f32 in their pixels -> depth [B,K] f32."""
+    frame's channel order, preprocessed inside), points [B,K,2] f32 in their pixels, and for a model
+    with a focal input focal [B] f32 in their pixels (0 = unknown) -> depth [B,K] f32. Without focal
+    the model's default is used (a model without a focal input ignores it)."""
 
     def __init__(self, model: DepthPack, bucket: int, frame: dict | None = None):
         super().__init__()
         self.model, self.bucket, self.frame = model, bucket, frame
 
-    def forward(self, inputs: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
         if self.frame is not None:
-            size = tuple(self.model.cfg.img_size)
-            inputs, points = (frames_to_images(inputs, size, self.frame["color"]),
-                              scale_points(points, tuple(self.frame["size"]), size))
-        return self.model.forward_packed(inputs, points, self.bucket)
+            size, frame_size = tuple(self.model.cfg.img_size), tuple(self.frame["size"])
+            inputs, points = frames_to_images(inputs, size, self.frame["color"]), scale_points(points, frame_size, size)
+            focal = scale_focal(focal, frame_size, size) if focal is not None else None
+        return self.model.forward_packed(inputs, points, self.bucket, focal)
+
+
+def manifest_focal(cfg: ModelConfig, frame: dict | None = None) -> dict | None:
+    """The manifest's "focal" for this model (None: the packages take no focal input)."""
+    if not cfg.uses_focal:
+        return None
+    return focal_entry(cfg.canonical_focal, cfg.focal_default or cfg.canonical_focal, tuple(cfg.img_size), frame)
+
+
+def example_focal(cfg: ModelConfig, batch: int, g: torch.Generator, frame: dict | None = None) -> torch.Tensor:
+    """focal [B] in pixels of the packages' input: one value away from the default (0.6x to 1.6x of it)
+    for every row, one camera per batch as the C++ runner feeds it."""
+    f = manifest_focal(cfg, frame)["default"] * (0.6 + torch.rand(1, generator=g))
+    return f.expand(batch).contiguous()
 
 
 def example_inputs(cfg: ModelConfig, batch: int, k: int, device, g: torch.Generator,
-                   frame: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random images [B,3,H,W] in [0,1) (or uint8 frames [B,h,w,3]) and points [B,K,2] inside them;
-    the last quarter of each row repeats the first point, like the runners' padding."""
+                   frame: dict | None = None) -> tuple[torch.Tensor, ...]:
+    """Random images [B,3,H,W] in [0,1) (or uint8 frames [B,h,w,3]) and points [B,K,2] inside them,
+    and for a model with a focal input a focal [B] (example_focal): the package's inputs in call
+    order. The last quarter of each row repeats the first point, like the runners' padding."""
     if frame is not None:
         h, w = frame["size"]
         inputs = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8)
@@ -75,7 +93,8 @@ def example_inputs(cfg: ModelConfig, batch: int, k: int, device, g: torch.Genera
     pad = k // 4
     if pad:
         points[:, k - pad:] = points[:, :1]
-    return inputs.to(device), points.to(device)
+    focal = (example_focal(cfg, batch, g, frame).to(device),) if cfg.uses_focal else ()
+    return inputs.to(device), points.to(device), *focal
 
 
 def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
@@ -93,9 +112,9 @@ def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
 
 def export_program(model: DepthPack, k: int, batch: int, device, g: torch.Generator,
                    frame: dict | None = None) -> torch.export.ExportedProgram:
-    inputs, points = example_inputs(model.cfg, batch, k, device, g, frame)
+    args = example_inputs(model.cfg, batch, k, device, g, frame)
     with torch.no_grad():
-        ep = torch.export.export(PackedForward(model, k, frame).eval(), (inputs, points), strict=False)
+        ep = torch.export.export(PackedForward(model, k, frame).eval(), args, strict=False)
     problems = static_graph_problems(ep)
     if problems:
         raise ExportError(f"bucket {k}: the packed forward is not one static graph: {'; '.join(problems[:5])}")

@@ -64,10 +64,12 @@ def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int,
     Image packages: the PNG is 1.5x / 1.25x the model size (resizing and point scaling are exercised),
     "images" = preprocess(reference.png), "points" scaled to the model's pixels. Frame packages: the
     PNG is a frame of the packages' size, "frames" its uint8 pixels in their channel order, "points"
-    the CSV's, and the depth is the package's own function (preprocessing included) run eagerly."""
+    the CSV's, and the depth is the package's own function (preprocessing included) run eagerly.
+    A model with a focal input: "focal" [B], 1.25x the manifest's default (pixels of the packages'
+    input), so a runner that dropped or misscaled it fails the check."""
     from safetensors.torch import save_file
 
-    from .package import PackedForward
+    from .package import PackedForward, manifest_focal
 
     H, W = model.cfg.img_size
     h0, w0 = tuple(frame["size"]) if frame else ((3 * H) // 2, (5 * W) // 4)
@@ -90,9 +92,13 @@ def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int,
         pts = scale_points(pts0, (h0, w0), (H, W))  # [Q,2] model pixels
         name = "images"
     points = torch.stack([pts.roll(b, 0) for b in range(batch)]).contiguous()  # [B,Q,2], row 0 = CSV order
+    tensors = {name: inputs, "points": points}
+    if model.cfg.uses_focal:
+        tensors["focal"] = torch.full((batch,), 1.25 * manifest_focal(model.cfg, frame)["default"], dtype=torch.float32)
+    extra = (tensors["focal"].to(device),) if "focal" in tensors else ()
     with torch.no_grad():
-        fn = lambda x, p, k: PackedForward(model, k, frame)(x, p)  # noqa: E731
-        depth = run_chunked(fn, inputs.to(device), points.to(device), tuple(buckets)).float().cpu()
-    save_file({name: inputs, "points": points, "depth": depth.contiguous()}, str(out / REFERENCE))
+        fn = lambda x, p, k, *f: PackedForward(model, k, frame)(x, p, *f)  # noqa: E731
+        depth = run_chunked(fn, inputs.to(device), points.to(device), tuple(buckets), *extra).float().cpu()
+    save_file({**tensors, "depth": depth.contiguous()}, str(out / REFERENCE))
     return {"file": REFERENCE, "sha256": sha256_file(out / REFERENCE), "image": REFERENCE_IMAGE,
             "points_csv": REFERENCE_POINTS}

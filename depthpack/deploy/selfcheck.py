@@ -81,12 +81,12 @@ def self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, devic
     from safetensors.torch import save_file
 
     fresh = {}
-    name = "frames" if frame else "images"
+    names = ["frames" if frame else "images", "points", "focal"]  # the inputs in call order
     with torch.no_grad():
         for k in buckets:
-            inputs, points = example_inputs(model.cfg, batch, k, device, g, frame)
-            fresh[f"{name}_k{k}"], fresh[f"points_k{k}"] = inputs.cpu(), points.cpu()
-            fresh[f"depth_k{k}"] = PackedForward(model, k, frame)(inputs, points).float().cpu()
+            args = example_inputs(model.cfg, batch, k, device, g, frame)
+            fresh.update({f"{n}_k{k}": t.cpu() for n, t in zip(names, args)})
+            fresh[f"depth_k{k}"] = PackedForward(model, k, frame)(*args).float().cpu()
     inputs = manifest_path.parent / ".selfcheck_inputs.safetensors"
     save_file({n: t.contiguous() for n, t in fresh.items()}, str(inputs))
     env = dict(os.environ)

@@ -2,6 +2,7 @@
 
     manifest, runners = load_runners("export/tiny/manifest.json", "cpu")
     depth = run_packages(runners, images, points)        # any Q, chunked like every runner
+    depth = run_packages(runners, images, points, focal) # packages of a model with a focal input
 
 The loader is the binding the C++ runner uses, `torch._C._aoti.AOTIModelPackageLoader(path, "model",
 run_single_threaded, 1, device_index)`, after host-side checks (sha256, device, compute capability,
@@ -35,7 +36,7 @@ from ..deploy.contract import (PACKAGE_BUCKET, PACKAGE_INPUTS, check_device, rea
                                within)
 from .graphs import capture, summarize, time_calls
 
-Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Runner = Callable[..., torch.Tensor]  # (images|frames, points[, focal]) -> depth
 
 
 # ---- loading --------------------------------------------------------------------------------------
@@ -52,7 +53,8 @@ def load_package(path: str | Path, device: torch.device):
 
 
 def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
-    """fn(images [B,3,H,W] f32, points [B,K,2] f32) -> depth [B,K] f32 on the package's device.
+    """fn(images [B,3,H,W] f32, points [B,K,2] f32[, focal [B] f32]) -> depth [B,K] f32 on the
+    package's device: the manifest entry's inputs in call order.
 
     Shapes, dtypes and devices are checked on the host (metadata only, no sync), because a package
     given the wrong shape reads out of bounds instead of raising.
@@ -60,6 +62,9 @@ def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
     specs = [(t["name"], tuple(t["shape"]), t["dtype"]) for t in bucket["inputs"]]
 
     def run(*inputs: torch.Tensor) -> torch.Tensor:
+        if len(inputs) != len(specs):
+            raise ValueError(f"package k{bucket['bucket']} takes {len(specs)} inputs "
+                             f"({', '.join(n for n, _, _ in specs)}), got {len(inputs)}")
         for (name, shape, dtype), t in zip(specs, inputs):
             if tuple(t.shape) != shape or t.dtype != getattr(torch, dtype) or t.device.type != device.type:
                 raise ValueError(f"package k{bucket['bucket']}: {name} must be {dtype} {list(shape)} on "
@@ -190,9 +195,12 @@ def check_package_metadata(meta: dict, entry: dict) -> None:
                          f"but the manifest lists it for bucket {entry['bucket']} with {entry['inputs']}")
 
 
-def run_packages(runners: dict[int, Runner], images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """depth [B,Q] for any Q through the packages, chunked and padded by the one rule (packing.run_chunked)."""
-    return run_chunked(lambda im, pts, k: runners[k](im, pts), images, points, tuple(sorted(runners)))
+def run_packages(runners: dict[int, Runner], images: torch.Tensor, points: torch.Tensor,
+                 focal: torch.Tensor | None = None) -> torch.Tensor:
+    """depth [B,Q] for any Q through the packages, chunked and padded by the one rule (packing.run_chunked);
+    focal [B] for packages that take it (pixels of their input)."""
+    extra = (focal,) if focal is not None else ()
+    return run_chunked(lambda im, pts, k, *f: runners[k](im, pts, *f), images, points, tuple(sorted(runners)), *extra)
 
 
 # ---- latency (a measurement for the benchmark's output, never an assertion) -----------------------
@@ -213,7 +221,8 @@ def bench_runner(fn: Runner, images: torch.Tensor, points: torch.Tensor, iters: 
 def check(manifest_path: str | Path, device: str | None = None, inputs: str | None = None,
           bench: int = 0, probe: bool = True) -> dict:
     """Compare every package with the reference file (chunked) and, when `inputs` is given, with the
-    eager outputs stored there ("images_k{K}", "points_k{K}", "depth_k{K}"). Returns a report dict."""
+    eager outputs stored there ("images_k{K}", "points_k{K}", ["focal_k{K}",] "depth_k{K}"). Returns a
+    report dict."""
     from safetensors.torch import load_file
 
     t0 = time.perf_counter()
@@ -224,11 +233,12 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
     report = {"device": str(dev), "torch": torch.__version__, "load_s": round(time.perf_counter() - t0, 3),
               "buckets": {}, "ok": True}
     with torch.inference_mode():
-        name = manifest["buckets"][0]["inputs"][0]["name"]  # images | frames
+        names = [t["name"] for t in manifest["buckets"][0]["inputs"]]  # images | frames, points[, focal]
+        name = names[0]
         if inputs:
             fresh = load_file(inputs)
             for k, fn in runners.items():
-                out = fn(fresh[f"{name}_k{k}"].to(dev), fresh[f"points_k{k}"].to(dev))
+                out = fn(*[fresh[f"{n}_k{k}"].to(dev) for n in names])
                 ok, err = within(out, fresh[f"depth_k{k}"], **tol)
                 report["buckets"][k] = {"ok": ok, "max_abs_diff": err}
                 report["ok"] &= ok
@@ -236,7 +246,8 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
         verify_file(root / ref_entry["file"], ref_entry["sha256"], "reference file")
         ref = load_file(str(root / ref_entry["file"]))
         B = manifest["batch_size"]
-        out = run_packages(runners, ref[name][:B].to(dev), ref["points"][:B].to(dev))
+        focal = ref["focal"][:B].to(dev) if "focal" in names else None
+        out = run_packages(runners, ref[name][:B].to(dev), ref["points"][:B].to(dev), focal)
         ok, err = within(out, ref["depth"][:B], **tol)
         report["reference"] = {"ok": ok, "max_abs_diff": err, "points": int(ref["points"].shape[1])}
         report["ok"] &= ok
@@ -245,9 +256,10 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
             for k, fn in runners.items():
                 images = ref[name][:B].to(dev).contiguous()
                 pts = ref["points"][:B, :k].to(dev).contiguous()
-                lat = {"plain": bench_runner(fn, images, pts, bench)}
+                run = fn if focal is None else (lambda im, p, fn=fn: fn(im, p, focal))
+                lat = {"plain": bench_runner(run, images, pts, bench)}
                 if dev.type == "cuda":
-                    lat["cuda_graph"] = bench_runner(fn, images, pts, bench, graph=True)
+                    lat["cuda_graph"] = bench_runner(run, images, pts, bench, graph=True)
                 report["latency"][k] = lat
     return report
 
@@ -284,8 +296,9 @@ def _probe(manifest_path: str, device: str | None = None) -> dict:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
     loader = load_package(Path(manifest_path).parent / bucket["file"], device)
+    scale = {"points": 4.0, "focal": manifest["focal"]["default"] if manifest.get("focal") else 0.0}
     inputs = [torch.randint(0, 256, t["shape"], dtype=torch.uint8, device=device) if t["dtype"] == "uint8"
-              else torch.rand(t["shape"], device=device) * (4 if t["name"] == "points" else 1) for t in bucket["inputs"]]
+              else torch.rand(t["shape"], device=device) * scale.get(t["name"], 1.0) for t in bucket["inputs"]]
     out = loader.run(inputs)[0]
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -3,9 +3,10 @@
     pred = Predictor(model, device="cuda", dtype=torch.bfloat16, backend="compile+graph", color="bgr")
     depth = pred.predict(frame, points)        # frame uint8 [h,w,3] (OpenCV), points [Q,2] frame pixels
     depth = pred.predict(images, points)       # or float images [B,3,H,W] in [0,1] at the model's size
+    depth = pred.predict(frame, points, focal=525.0)  # the camera's focal length, pixels of the input
 
 Inside ONE static graph per bucket and input kind: preprocessing (depthpack.core.preprocess: channel
-swap, resize, scale; points scaled to the model's pixels), token selection, the blocks, the head.
+swap, resize, scale; points and focal scaled to the model's pixels), token selection, the blocks, the head.
 On the host: checks (no value scan of uint8 frames), the bucket from Q, chunking, staging into pinned
 buffers made once, asynchronous copies. In steady state a call with out= allocates nothing on the
 device or in pinned memory. Switches: backend (eager | compile | graph | compile+graph | aoti), path
@@ -26,8 +27,8 @@ import torch
 
 from ..core.files import atomic_write_bytes
 from ..core.packing import bucket_for, chunk_plan, run_chunked
-from ..core.preprocess import frames_to_images, scale_points
-from ..core.validation import check_points_in_image
+from ..core.preprocess import frames_to_images, scale_focal, scale_points
+from ..core.validation import check_focal, check_points_in_image
 from .frames import Batch, as_batch, check_color
 from .graphs import capture
 
@@ -129,6 +130,7 @@ class _Mode:
     color: str | None
     inputs: _Staged
     fn: Callable
+    focal: _Staged | None = None  # [Bg] float32 in the inputs' pixels (0 = unknown), for a focal input
     buckets: dict[int, _Bucket] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -152,7 +154,14 @@ class Predictor:
     compile_options  Inductor settings for torch.compile (e.g. {"combo_kernels": True}), merged over
                    compile_mode's
     buckets        another bucket ladder than the model's (its cores run any bucket)
-    validate       points checked against the frame on the host (False: the caller promises)
+    validate       points and focal checked on the host (False: the caller promises)
+
+    focal: predict(..., focal=) takes each frame's focal length sqrt(fx * fy) in pixels of the input
+    given (frame pixels for frames, image pixels for images; 0 = unknown: the model's default), a
+    number, a sequence or a [B] tensor. It is a staged input of the static graphs like the points
+    (scaled to the model's pixels inside them), so another focal needs no recompile or recapture.
+    A model (or packages) without a focal input ignores it, after the same check: a robot may pass
+    its camera's focal to every model.
 
     Every backend but eager runs at a fixed batch size (the first call's, or warmup's): other batch
     sizes run in groups of it. Static backends run one frame size (the first frame's, or warmup's):
@@ -225,6 +234,7 @@ class Predictor:
         cfg = model.cfg
         self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
         self.manifest, self.frame_packages = None, None
+        self.uses_focal = cfg.uses_focal
         self._core = {"packed": model.forward_packed, "masked": model.forward_masked_core,
                       "dense": model.forward_dense_core}[self.path]
 
@@ -248,7 +258,8 @@ class Predictor:
         if self.frame_packages and self.color is None:
             self.color = self.frame_packages[1]
         self._runners = runners
-        self._core = lambda inputs, points, k: self._runners[k](inputs, points)
+        self.uses_focal = manifest.get("focal") is not None  # the packages' third input
+        self._core = lambda inputs, points, k, *focal: self._runners[k](inputs, points, *focal)
 
     @property
     def static_batch(self) -> bool:
@@ -267,13 +278,15 @@ class Predictor:
         return torch.compile(fn, dynamic=False, fullgraph=True, mode=self.compile_mode)
 
     def _function(self, kind: str, size: tuple[int, int], color: str | None) -> Callable:
-        """fn(inputs, points, bucket) -> depth [Bg,bucket]: preprocessing + the core, one graph."""
+        """fn(inputs, points, bucket[, focal]) -> depth [Bg,bucket]: preprocessing + the core, one graph;
+        focal [Bg] in the inputs' pixels, only for a focal input."""
         core, model_size = self._core, self.image_size
         if kind == "images" or self.frame_packages is not None:  # images, or packages that preprocess inside
             return self._compiled(core)
 
-        def frames_fn(frames, points, k):
-            return core(frames_to_images(frames, model_size, color), scale_points(points, size, model_size), k)
+        def frames_fn(frames, points, k, *focal):
+            return core(frames_to_images(frames, model_size, color), scale_points(points, size, model_size), k,
+                        *(scale_focal(f, size, model_size) for f in focal))
         return self._compiled(frames_fn)
 
     def _mode(self, batch: Batch, color: str | None) -> _Mode:
@@ -305,7 +318,8 @@ class Predictor:
         init = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) if dtype == torch.uint8 else torch.rand(shape, generator=g)
         inputs.dev.copy_(init)
         mode = _Mode(batch.kind, batch.size, color if batch.kind == "frames" else None, inputs,
-                     self._function(batch.kind, batch.size, color))
+                     self._function(batch.kind, batch.size, color),
+                     _Staged((Bg,), torch.float32, self.device) if self.uses_focal else None)
         self._modes[batch.kind] = mode
         return mode
 
@@ -356,35 +370,54 @@ class Predictor:
             for _ in range(2 if self.inductor_graphs else 1):  # reduce-overhead records on its 2nd call
                 self._call(mode, k, st)
             return st
-        st.graph, st.out = capture(lambda: mode.fn(mode.inputs.dev, st.points.dev, k), pool=self._pool,
-                                   device=self.device)
+        st.graph, st.out = capture(lambda: mode.fn(*self._args(mode, st, k)), pool=self._pool, device=self.device)
         self.captures += 1
         return st
+
+    @staticmethod
+    def _args(mode: _Mode, st: _Bucket, k: int) -> tuple:
+        """The function's static arguments: inputs, points, bucket[, focal]."""
+        return (mode.inputs.dev, st.points.dev, k) + ((mode.focal.dev,) if mode.focal is not None else ())
 
     def _call(self, mode: _Mode, k: int, st: _Bucket) -> torch.Tensor:
         if self.inductor_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return mode.fn(mode.inputs.dev, st.points.dev, k)
+        return mode.fn(*self._args(mode, st, k))
 
     # ---- predict --------------------------------------------------------------------------------
-    def predict(self, inputs, points, out: torch.Tensor | None = None, color: str | None = None) -> torch.Tensor:
+    def predict(self, inputs, points, out: torch.Tensor | None = None, color: str | None = None,
+                focal=None) -> torch.Tensor:
         """Depth [B,Q] float32 meters at each (x, y) point of each frame (or image).
 
         inputs: uint8 frames [h,w,3] / [B,h,w,3] / a list of [h,w,3] (numpy or torch, any strides; channel
         order `color`, default the predictor's), or float images [B,3,H,W] in [0,1]. points [B,Q,2]
         (or [Q,2] with one frame) in the inputs' pixels. out: an optional [B,Q] float32 tensor to write
         (on the device, or on the host: then the call waits for the result); by default a new tensor
-        on self.device."""
-        return self._predict(inputs, points, out, color, replay=True)
+        on self.device. focal: None (the model's default), a number, or one per frame ([B] sequence or
+        tensor): sqrt(fx * fy) in the inputs' pixels, finite and >= 0 (0 = unknown: the default);
+        ignored by a model without a focal input (see the class docstring)."""
+        return self._predict(inputs, points, out, color, replay=True, focal=focal)
 
-    def predict_uncaptured(self, inputs, points, out=None, color: str | None = None) -> torch.Tensor:
+    def predict_uncaptured(self, inputs, points, out=None, color: str | None = None, focal=None) -> torch.Tensor:
         """predict, calling the backend's function directly where predict would replay a captured
         graph: the same kernels one by one, for profilers that count them."""
-        return self._predict(inputs, points, out, color, replay=False)
+        return self._predict(inputs, points, out, color, replay=False, focal=focal)
 
-    def _predict(self, inputs, points, out, color, replay: bool) -> torch.Tensor:
+    def _focal(self, focal, B: int) -> torch.Tensor | None:
+        """focal -> [B] float32 (None stays None; None too for a model without a focal input). Checked
+        on the host unless validate=False (a device tensor is then copied to be checked: a sync)."""
+        if focal is None:
+            return None
+        if self.validate:
+            focal = check_focal(focal, B)
+        elif not isinstance(focal, torch.Tensor):
+            focal = torch.as_tensor(focal, dtype=torch.float32)
+        return focal.to(torch.float32).reshape(-1).expand(B) if self.uses_focal else None
+
+    def _predict(self, inputs, points, out, color, replay: bool, focal=None) -> torch.Tensor:
         batch = as_batch(inputs, points, self.patch_size, check_values=self.validate)
         B, Q = batch.points.shape[:2]
+        focal = self._focal(focal, B)
         if out is None:
             out = torch.empty(B, Q, device=self.device, dtype=torch.float32)
         elif out.shape != (B, Q) or out.dtype != torch.float32:
@@ -393,16 +426,16 @@ class Predictor:
             return out
         with torch.inference_mode():
             if not self.static_batch:
-                self._predict_eager(batch, color, out)
+                self._predict_eager(batch, color, out, focal)
             else:
                 if self.batch_size is None:
                     self.batch_size = B
-                self._predict_static(batch, color, out, replay)
+                self._predict_static(batch, color, out, replay, focal)
             if out.device.type == "cpu" and self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()
         return out
 
-    def _predict_static(self, batch: Batch, color, out: torch.Tensor, replay: bool) -> None:
+    def _predict_static(self, batch: Batch, color, out: torch.Tensor, replay: bool, focal: torch.Tensor | None) -> None:
         mode = self._mode(batch, color)
         h, w = mode.size
         Bg, Q = self.batch_size, batch.points.shape[1]
@@ -412,6 +445,10 @@ class Predictor:
         for b0 in range(0, batch.points.shape[0], Bg):
             n = min(batch.points.shape[0] - b0, Bg)
             mode.inputs.load(batch.rows(b0, n), n)
+            if mode.focal is not None and focal is not None:
+                mode.focal.load(focal[b0:b0 + n], n)
+            elif mode.focal is not None:  # 0 = unknown: the model's default, inside the graph
+                mode.focal.dev[:n].zero_()
             for s, e, k in chunk_plan(Q, self.buckets):
                 st = mode.buckets.get(k)
                 if st is None or (self.graphs and st.graph is None):
@@ -428,18 +465,22 @@ class Predictor:
                     res = self._call(mode, k, st)
                 out[b0:b0 + n, s:e].copy_(res[:n, : e - s], non_blocking=True)
 
-    def _predict_eager(self, batch: Batch, color, out: torch.Tensor) -> None:
+    def _predict_eager(self, batch: Batch, color, out: torch.Tensor, focal: torch.Tensor | None) -> None:
         data = batch.stacked().to(self.device, non_blocking=True)
         points = batch.points
         if self.validate:
             check_points_in_image(points, *batch.size)
         points = points.to(self.device, non_blocking=True)
+        if focal is not None:
+            focal = focal.to(self.device, non_blocking=True)
         if batch.kind == "frames":
             images = frames_to_images(data, self.image_size, check_color(color or self.color))
             points = scale_points(points, batch.size, self.image_size)
+            focal = scale_focal(focal, batch.size, self.image_size) if focal is not None else None
         else:
             images = data
-        out.copy_(run_chunked(self._core, images, points, self.buckets), non_blocking=True)
+        extra = (focal,) if focal is not None else ()
+        out.copy_(run_chunked(self._core, images, points, self.buckets, *extra), non_blocking=True)
 
     def _check_staged(self, points: torch.Tensor, h: int, w: int) -> None:
         """Points staged on the host: in [0,w) x [0,h) and finite, by a min/max into buffers made once
@@ -460,7 +501,7 @@ class Predictor:
         return dict(backend=self.backend, path=self.path, device=str(self.device),
                     dtype=str(self.dtype).replace("torch.", ""), batch_size=self.batch_size, buckets=list(self.buckets),
                     compile_mode=self.compile_mode, compile_options=self.compile_options, captures=self.captures,
-                    color=self.color, inputs=[m.describe() for m in self._modes.values()],
+                    color=self.color, inputs=[m.describe() for m in self._modes.values()], focal_input=self.uses_focal,
                     switches=self.model.switches() if self.model is not None else None,
                     warmup_seconds={str(k): round(v, 3) for k, v in self.warmup_seconds.items()})
 

@@ -53,10 +53,12 @@ def build_runner(build_dir: Path, *cmake_args: str, target: str | None = None) -
 FRAME = (80, 96)  # (h, w) of the frame packages' camera frames
 
 
-def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None, frame: bool = False) -> subprocess.Popen:
+def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None, frame: bool = False,
+                 model: str | None = None) -> subprocess.Popen:
     cmd = [sys.executable, ROOT / "export" / "export.py", "--preset", "tiny", "--out", out, "--device", device,
            "--buckets", ",".join(map(str, BUCKETS))] + (["--cpp-runner", cpp_runner] if cpp_runner else []) + \
-          (["--frame-size", f"{FRAME[1]}x{FRAME[0]}", "--frame-format", "bgr8"] if frame else [])
+          (["--frame-size", f"{FRAME[1]}x{FRAME[0]}", "--frame-format", "bgr8"] if frame else []) + \
+          (["--model", model] if model else [])
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -462,8 +464,9 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
                               ["--raw", lambda d: d / "frames.raw", "--frame-size", "64x64"], ["frame is 64x64", "take 40x48 frames"]),
     "frames with frame null": (lambda d: _edit_manifest(d, lambda m: (_as_frame_package(m), m.update(frame=None))), None, [], ['"frames" needs', '"frame"']),
     "focal missing": (lambda d: _edit_manifest(d, _with_focal), None, [], ["take a focal length", "--focal"]),
-    "focal not taken": (None, None, ["--focal", "500"], ['no "focal" input']),
-    "focal not positive": (lambda d: _edit_manifest(d, lambda m: _with_focal(m, 500.0)), None, ["--focal", "-3"], ["focal length -3", "positive"]),
+    "focal not positive": (lambda d: _edit_manifest(d, lambda m: _with_focal(m, 500.0)), None, ["--focal", "-3"], ["--focal must be a positive", '"-3"']),
+    "focal zero": (None, None, ["--focal", "0"], ["--focal must be a positive", '"0"']),  # refused even where it would be ignored
+    "focal not finite": (None, None, ["--focal", "inf"], ["--focal needs a number", '"inf"']),
     # frame loops
     "raw without size": (_raw_frames, None, ["--raw", lambda d: d / "frames.raw"], ["--raw and --frame-size"]),
     "bad frame size": (_raw_frames, None, ["--raw", lambda d: d / "frames.raw", "--frame-size", "64by64"], ["--frame-size must be WIDTHxHEIGHT"]),
@@ -763,6 +766,105 @@ def test_build_without_opencv(runner, exported, tmp_path):
     for flag, word in (("--image", "no OpenCV"), ("--video", "no OpenCV videoio"), ("--images", "no OpenCV")):
         proc = run(nocv, "--manifest", exported / "manifest.json", flag, exported / "reference.png", "--points", tmp_path / "p.csv")
         assert proc.returncode == 1 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# ---- the focal input: packages of a model with canonical_focal ----------------------------------------------
+FOCAL_MODEL = "canonical_focal=48.0,focal_default=40.0"  # pixels of the 64x64 model image
+
+
+@pytest.fixture(scope="module")
+def focal_exported(runner, tmp_path_factory) -> dict[str, Path]:
+    """{"images": image packages, "frames": frame packages} of the tiny preset with a focal input."""
+    root = tmp_path_factory.mktemp("focal")
+    outs = {"images": root / "images", "frames": root / "frames"}
+    procs = [start_export(outs["images"], model=FOCAL_MODEL), start_export(outs["frames"], frame=True, model=FOCAL_MODEL)]
+    for proc, out in zip(procs, outs.values()):
+        finish_export(proc, out)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def focal_model():
+    from depthpack.deploy.export import load_for_export
+
+    return load_for_export(None, "tiny", 0, {k: float(v) for k, v in (x.split("=") for x in FOCAL_MODEL.split(","))})[0]
+
+
+@pytest.mark.parametrize("kind", ["images", "frames"])
+def test_focal_packages_check_the_references_focal(runner, focal_exported, tmp_path, kind):
+    """--check feeds the reference's focal (1.25x the default): it passes, and the same reference
+    without its focal (the runner then feeds the manifest's default) is a mismatch."""
+    from safetensors.torch import save_file
+
+    d = focal_exported[kind]
+    assert [t["name"] for t in manifest_of(d)["buckets"][0]["inputs"]] == [kind, "points", "focal"]
+    proc = run(runner, "--manifest", d / "manifest.json", "--check", d / "reference.safetensors")
+    assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
+    ref = load_file(str(d / "reference.safetensors"))
+    save_file({k: v for k, v in ref.items() if k != "focal"}, str(tmp_path / "nofocal.safetensors"))
+    proc = run(runner, "--manifest", d / "manifest.json", "--check", tmp_path / "nofocal.safetensors")
+    assert proc.returncode == 1 and "MISMATCH" in proc.stderr, proc.stderr
+
+
+def test_focal_flag_on_raw_frames_equals_python(runner, focal_exported, focal_model, tmp_path):
+    """--focal F in the frame's pixels into frame packages: the package's function with F, eager; no
+    --focal: the manifest's default, which is the model's default."""
+    from depthpack.core.packing import run_chunked
+    from depthpack.deploy.package import PackedForward
+
+    d = focal_exported["frames"]
+    frame = manifest_of(d)["frame"]
+    frames = noise_frames(2, *FRAME, seed=5)
+    frames.tofile(tmp_path / "f.raw")
+    pts = frame_points(*FRAME, 20)
+    csv = write_csv(tmp_path / "p.csv", pts)
+    points = torch.from_numpy(pts.astype(np.float32))[None]
+    depths = {}
+    for f in (None, 30.0, 75.5):
+        proc = run(runner, "--manifest", d / "manifest.json", "--raw", tmp_path / "f.raw", "--frame-size",
+                   f"{FRAME[1]}x{FRAME[0]}", "--points", csv, "--out", tmp_path / "o.csv", *(["--focal", f] if f else []))
+        assert proc.returncode == 0, proc.stderr
+        out = read_frames_out(tmp_path / "o.csv")
+        for i in range(2):
+            with torch.no_grad():
+                fn = lambda x, p, k, *focal: PackedForward(focal_model, k, frame)(x, p, *focal)  # noqa: E731
+                want = run_chunked(fn, torch.from_numpy(frames[i:i + 1]), points, BUCKETS,
+                                   *([torch.tensor([f])] if f else []))[0].numpy()
+            assert np.abs(out[out[:, 0] == i, 3] - want).max() < 1e-4, f
+        depths[f] = out[:, 3]
+    np.testing.assert_allclose(depths[75.5], depths[30.0] * 75.5 / 30.0, rtol=1e-4)  # depth follows the lens
+
+
+def test_focal_flag_on_an_image_file_is_scaled_like_the_points(runner, focal_exported, focal_model, tmp_path):
+    """An image file (1.5x / 1.25x the model's size) into image packages: --focal F in the file's
+    pixels reaches the package as F * sqrt(W/w * H/h), as core.preprocess.scale_focal says."""
+    from depthpack.core.packing import run_chunked
+    from depthpack.core.preprocess import load_image, scale_focal, scale_points
+
+    d = focal_exported["images"]
+    if not has_opencv(runner, d):
+        pytest.skip("this build has no OpenCV")
+    proc = run(runner, "--manifest", d / "manifest.json", "--image", d / "reference.png", "--points",
+               d / "reference_points.csv", "--focal", "70", "--out", tmp_path / "o.csv")
+    assert proc.returncode == 0, proc.stderr
+    got = read_out(tmp_path / "o.csv")
+    image, size = load_image(d / "reference.png", (64, 64))
+    xy = scale_points(torch.from_numpy(got[:, :2].astype(np.float32)), size, (64, 64))[None]
+    with torch.no_grad():
+        want = run_chunked(focal_model.forward_packed, image[None], xy, BUCKETS, scale_focal(torch.tensor([70.0]), size, (64, 64)))
+    assert np.abs(got[:, 2] - want[0].numpy()).max() < 1e-4
+
+
+def test_focal_flag_is_ignored_with_one_warning_by_packages_without_focal(runner, exported, tmp_path):
+    """Like the Predictor: a robot passes its camera's focal to every model; one without a focal input
+    answers as without it, and the command line says so once."""
+    pts = write_csv(tmp_path / "p.csv", frame_points(64, 64, 10))
+    args = ["--manifest", exported / "manifest.json", "--image", exported / "reference.safetensors", "--points", pts]
+    plain, given = run(runner, *args), run(runner, *args, "--focal", "500")
+    assert plain.returncode == 0 and given.returncode == 0, given.stderr
+    assert given.stdout == plain.stdout
+    warnings = [ln for ln in given.stderr.splitlines() if "warning" in ln]
+    assert len(warnings) == 1 and "--focal ignored" in warnings[0], given.stderr
 
 
 # ---- the contract: deploy_cpp/manifest.h lists what depthpack/deploy/contract.py lists --------------------

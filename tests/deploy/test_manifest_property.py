@@ -19,23 +19,28 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from depthpack.deploy.contract import (BUCKET_KEYS, DTYPES, FORMAT, FRAME_FORMATS, PREPROCESS, REQUIRED_KEYS, TOLERANCE,
-                                       ManifestError, check_device, io_specs, onnx_name, package_name, read_manifest)
+from depthpack.deploy.contract import (BUCKET_KEYS, DTYPES, FOCAL_UNITS, FORMAT, FRAME_FORMATS, PREPROCESS, REQUIRED_KEYS,
+                                       TOLERANCE, ManifestError, check_device, io_specs, onnx_name, package_name,
+                                       read_manifest)
 
 SHA = "ab" * 32
 
 
-def real_manifest(frame: dict | None = None) -> dict:
+FOCAL = {"default": 40.0, "canonical": 48.0, "units": FOCAL_UNITS}  # a model with a focal input
+
+
+def real_manifest(frame: dict | None = None, focal: dict | None = None) -> dict:
     buckets = []
     for k in (8, 64):
-        inputs, outputs = io_specs((64, 64), 1, k, frame)
+        inputs, outputs = io_specs((64, 64), 1, k, frame, focal is not None)
         buckets.append({"bucket": k, "file": package_name(k), "sha256": SHA, "inputs": inputs, "outputs": outputs})
     return {
         "format": FORMAT, "preset": "tiny",
         "model_config": {"img_size": [64, 64], "patch_size": 8, "embed_dim": 64, "buckets": [8, 64]},
         "image_size": [64, 64], "patch_size": 8, "batch_size": 1, "device": "cpu", "compute_capability": None,
         "arch": platform.machine(), "dtype": "float32", "torch_version": torch.__version__,
-        "min_depth": 0.1, "max_depth": 20.0, "frame": frame, "preprocess": dict(PREPROCESS),
+        "min_depth": 0.1, "max_depth": 20.0, "frame": frame, **({"focal": dict(focal)} if focal else {}),
+        "preprocess": dict(PREPROCESS),
         "tolerance": dict(TOLERANCE["float32"]), "buckets": buckets,
         "onnx": [{"bucket": k, "file": onnx_name(k), "sha256": SHA} for k in (8, 64)],
         "reference": {"file": "reference.safetensors", "sha256": SHA, "image": "reference.png",
@@ -58,6 +63,9 @@ def satisfies_contract(m: dict) -> None:
     assert all(type(m["tolerance"][k]) in (int, float) and 0 <= m["tolerance"][k] < math.inf for k in ("atol", "rtol"))
     frame = m["frame"]
     assert frame is None or (frame["color"] in FRAME_FORMATS.values() and all(pos(s) for s in frame["size"]))
+    focal = m.get("focal")
+    assert focal is None or (all(type(focal[k]) in (int, float) and 0 < focal[k] < math.inf for k in ("default", "canonical"))
+                             and focal["units"] == FOCAL_UNITS)
     ks = [b["bucket"] for b in m["buckets"]]
     assert ks and ks == sorted(set(ks)) and all(pos(k, (H // p) * (W // p)) for k in ks)
     files = [b["file"] for b in m["buckets"]] + [m["reference"]["file"]] + [o["file"] for o in m.get("onnx", [])]
@@ -66,7 +74,7 @@ def satisfies_contract(m: dict) -> None:
     assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in shas)
     for b in m["buckets"]:
         assert set(BUCKET_KEYS) <= set(b)
-        assert (b["inputs"], b["outputs"]) == tuple(io_specs((H, W), m["batch_size"], b["bucket"], frame))
+        assert (b["inputs"], b["outputs"]) == tuple(io_specs((H, W), m["batch_size"], b["bucket"], frame, focal is not None))
 
 
 def _paths(doc, prefix=()):
@@ -77,7 +85,7 @@ def _paths(doc, prefix=()):
         yield from _paths(v, prefix + (k,))
 
 
-ALL_PATHS = [p for p in _paths(real_manifest()) if p]
+ALL_PATHS = [p for p in _paths(real_manifest(focal=FOCAL)) if p]  # a path absent from a document is skipped
 nasty = st.one_of(
     st.sampled_from([None, True, False, 0, -1, 1, 3, 2**31, 2**63, 10**30, -10**30, 1.5, float("nan"), float("inf"),
                      "", ".", "..", "../../etc/passwd", "/etc/passwd", "a/b.pt2", "..\\x.pt2", "x\x00.pt2",
@@ -126,26 +134,47 @@ def _check(tmp_path_factory, doc) -> None:
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from([None, {"size": [48, 80], "color": "bgr"}]), edits)
-@example(None, [(("buckets", 0, "sha256"), "drop", None)])  # the KeyError in Predictor(backend="aoti")
-@example(None, [(("torch_version",), "set", 5)])
-@example(None, [(("buckets", 0, "inputs"), "set", 5)])
-@example(None, [(("reference", "file"), "set", "../../etc/passwd")])
-@example(None, [(("tolerance", "atol"), "set", float("nan"))])
-@example(None, [(("image_size",), "set", [10**9, 10**9])])
-@example(None, [(("patch_size",), "set", 0)])
-def test_mutated_manifest_loads_within_the_contract_or_is_one_manifest_error(tmp_path_factory, frame, edits):
-    doc = copy.deepcopy(real_manifest(frame))
+@given(st.sampled_from([None, {"size": [48, 80], "color": "bgr"}]), edits, st.sampled_from([None, FOCAL]))
+@example(None, [(("buckets", 0, "sha256"), "drop", None)], None)  # the KeyError in Predictor(backend="aoti")
+@example(None, [(("torch_version",), "set", 5)], None)
+@example(None, [(("buckets", 0, "inputs"), "set", 5)], None)
+@example(None, [(("reference", "file"), "set", "../../etc/passwd")], None)
+@example(None, [(("tolerance", "atol"), "set", float("nan"))], None)
+@example(None, [(("image_size",), "set", [10**9, 10**9])], None)
+@example(None, [(("patch_size",), "set", 0)], None)
+@example(None, [(("focal", "default"), "set", float("nan"))], FOCAL)
+@example(None, [(("focal",), "drop", None)], FOCAL)  # packages with a focal input, no manifest entry
+@example(None, [(("buckets", 0, "inputs", 2), "drop", None)], FOCAL)
+def test_mutated_manifest_loads_within_the_contract_or_is_one_manifest_error(tmp_path_factory, frame, edits, focal):
+    doc = copy.deepcopy(real_manifest(frame, focal))
     for edit in edits:
         _apply(doc, *edit)
     _check(tmp_path_factory, doc)
 
 
+@pytest.mark.parametrize("focal", [None, FOCAL])
 @pytest.mark.parametrize("frame", [None, {"size": [48, 80], "color": "bgr"}])
-def test_the_unmutated_manifest_loads(tmp_path, frame):
+def test_the_unmutated_manifest_loads(tmp_path, frame, focal):
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps(real_manifest(frame)))
-    satisfies_contract(read_manifest(path))
+    path.write_text(json.dumps(real_manifest(frame, focal)))
+    m = read_manifest(path)
+    satisfies_contract(m)
+    assert [t["name"] for t in m["buckets"][0]["inputs"]][2:] == (["focal"] if focal else [])
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda m: m.pop("focal"), "tensor shapes"),  # inputs take focal, the manifest has no entry
+    (lambda m: m["focal"].update(default=0), "focal must be null or"),
+    (lambda m: m["focal"].update(units="model pixels"), "focal must be null or"),
+    (lambda m: [b["inputs"].pop() for b in m["buckets"]], "tensor shapes"),  # an entry, inputs without focal
+])
+def test_focal_entry_and_inputs_must_agree(tmp_path, edit, words):
+    doc = real_manifest(focal=FOCAL)
+    edit(doc)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match=re.escape(words)):
+        read_manifest(path)
 
 
 @pytest.mark.parametrize("text", ["", "[" * 100000, "\xff", "null", "[]", '"x"', json.dumps({"format": FORMAT})])
