@@ -6,6 +6,7 @@
 #   PART=measure OUT=DIR bash scripts/gpu_run.sh # the C++ frame loop, the fewer-kernels levers at B1 Q256,
 #                                                # the kernel profile
 #   PART=dev OUT=DIR bash scripts/gpu_run.sh     # the package-loading diagnosis and the GPU tests
+#   PART=tests OUT=DIR bash scripts/gpu_run.sh   # every GPU test (pytest -m gpu -n 8), about 3.5 minutes
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -71,6 +72,11 @@ b and print('  e.g.', list(b['cxx_symbols_from_another_library'].items())[:6])" 
   step "kernel profile (vits bf16 B1 Q256)"
   timeout "${PROFILE_S:-60}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
+fi
+
+if [ "$PART" = tests ]; then  # every GPU test in one run, nothing else
+  build_runner
+  TEST_S=${TEST_S:-200} gpu_tests tests
 fi
 
 if [ "$PART" = final ]; then  # issue 14's one run: every GPU test, the demo's GPU step, the two target points
