@@ -100,3 +100,33 @@ def test_model_without_focal_input_ignores_it(backend):
     images, points = _inputs(2, 10, torch.Generator().manual_seed(4))
     want = pred.predict(images, points)
     torch.testing.assert_close(pred.predict(images, points, focal=[500.0, 600.0]), want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["graph", "compile+graph"])
+def test_gpu_focal_in_the_captured_graph(backend):
+    """On CUDA the focal is a staged input of the captured graph: a new focal per call (number, list,
+    [B] tensor; frames and images) equals the model's forward with it, with no recapture."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = randomize_(create_model("tiny", buckets=(8, 16), **FOCAL), 3).eval().cuda()
+    pred = Predictor(model, device="cuda", backend=backend, batch_size=2, color="bgr")
+    g = torch.Generator().manual_seed(7)
+    h, w = 48, 80
+    for i in range(5):
+        images, points = _inputs(2, int(torch.randint(1, 30, (1,), generator=g)), g)
+        f = torch.rand(2, generator=g) * 80 + 10
+        given = (f, f.tolist(), float(f[0]), None, 0.0)[i]
+        fw = None if given is None else torch.as_tensor(given, dtype=torch.float32).expand(2).cuda()
+        with torch.no_grad():
+            want = model(images.cuda(), points.cuda(), fw)
+        torch.testing.assert_close(pred.predict(images, points, focal=given), want, rtol=1e-4, atol=1e-4)
+        frames = torch.randint(0, 256, (2, h, w, 3), generator=g, dtype=torch.uint8)
+        pts = torch.rand(2, 12, 2, generator=g) * torch.tensor([w - 1e-3, h - 1e-3])
+        with torch.no_grad():
+            want = model(frames_to_images(frames.cuda(), (64, 64), "bgr"), scale_points(pts, (h, w), (64, 64)).cuda(),
+                         scale_focal(f, (h, w), (64, 64)).cuda())
+        torch.testing.assert_close(pred.predict(frames.numpy(), pts, focal=f), want, rtol=1e-4, atol=1e-4)
+    captures = pred.captures
+    pred.predict(images, points, focal=[33.0, 44.0])
+    assert pred.captures == captures, "a new focal recaptured"
