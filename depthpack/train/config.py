@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import re
 
@@ -115,14 +115,15 @@ class TrainConfig:
             return self.model
         return model_config(self.preset, **self.model)
 
-    def query_choices(self) -> list[int]:
-        """The Q values a step may draw: cfg.queries, or every Q in [q_min, q_max] (draw_q picks a bucket
-        uniformly, then Q inside its range, so small buckets are trained as often as large ones)."""
+    def query_choices(self) -> Sequence[int]:
+        """The Q values a step may draw: cfg.queries, or every Q in [q_min, q_max] as a range (never a
+        list: the bounds may be large). draw_q picks a bucket uniformly, then Q inside its range, so
+        small buckets are trained as often as large ones."""
         if self.queries is not None:
             return list(self.queries)
         buckets = self.model_config().buckets
         hi = buckets[-1] if self.q_max is None else self.q_max
-        return list(range(max(1, self.q_min), hi + 1))
+        return range(max(1, self.q_min), hi + 1)
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -134,10 +135,11 @@ def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:
     rng = random.Random(cfg.seed * 1_000_003 + step)
     if cfg.queries is not None:
         return rng.choice(cfg.queries)
-    choices = set(cfg.query_choices())
+    choices = cfg.query_choices()
+    lo, hi = choices[0], choices[-1]  # a range: [q_min, q_max]
     ranges, prev = [], 0
-    for b in buckets:
-        r = [q for q in range(prev + 1, b + 1) if q in choices]
+    for b in buckets:  # ranges, not lists: O(buckets) per step, and the same draws as choosing from lists
+        r = range(max(prev + 1, lo), min(b, hi) + 1)
         if r:
             ranges.append(r)
         prev = b
