@@ -5,6 +5,8 @@
 #   fixed      data.rig=fixed (the demo's robot camera)
 #   varied     data.rig=varied, no focal input
 #   focal      data.rig=varied, model.canonical_focal=45.7 (the fixed rig's 70-degree lens at 64 px)
+#   lens       data.rig=lens (the fixed rig's mount and tilt, the varied rig's lenses), no focal input
+#   lensfocal  data.rig=lens, model.canonical_focal=45.7       (RUNS="lens lensfocal" for these two)
 # Usage: bash scripts/cpu_focal.sh [OUT=runs/focal]   (PY, STEPS, RUNS, THREADS override; 1 thread: a
 # shared CPU runs one thread far better than two that wait on each other)
 set -euo pipefail
@@ -18,6 +20,8 @@ for run in $RUNS; do
     fixed) extra="data.rig=fixed" ;;
     varied) extra="data.rig=varied" ;;
     focal) extra="data.rig=varied model.canonical_focal=45.7" ;;
+    lens) extra="data.rig=lens" ;;
+    lensfocal) extra="data.rig=lens model.canonical_focal=45.7" ;;
     *) echo "unknown run $run"; exit 1 ;;
   esac
   if [ ! -f "$OUT/$run/summary.json" ]; then
@@ -28,7 +32,7 @@ for run in $RUNS; do
   echo "== eval $run $(date +%T)"
   $PY -m depthpack.eval --checkpoint "$OUT/$run" --queries 16 64 --no-progress --figure-images 1 \
     --out "$OUT/$run/eval" data.num_val=256 > "$OUT/$run.eval.log" 2>&1
-  if [ "$run" = focal ]; then  # the same weights, no focal given (the default): what the input itself does
+  if [ "$run" = focal ] || [ "$run" = lensfocal ]; then  # the same weights, no focal given (the default): what the input itself does
     $PY -m depthpack.eval --checkpoint "$OUT/$run" --queries 16 64 --no-progress --figure-images 0 \
       --focal default --out "$OUT/$run/eval_nofocal" data.num_val=256 > "$OUT/$run.eval_nofocal.log" 2>&1
   fi

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 KINDS = ("synthetic", "nyu_mat", "nyu", "kitti", "folder")
 SCENES = ("indoor", "outdoor", "mixed")
-RIGS = ("varied", "fixed")  # synthetic camera rigs (see depthpack.data.synthetic.FIXED_RIG)
+RIGS = ("varied", "fixed", "lens")  # synthetic camera rigs (see depthpack.data.synthetic.FIXED_RIG)
 CROPS = (None, "eigen_nyu", "garg", "eigen_kitti")
 RESIZES = ("resize", "center_crop")
 DECODES = ("linear", "sunrgbd", "middlebury")
@@ -55,7 +55,7 @@ class DataConfig:
     decode: str = "linear"  # "linear" (value / depth_scale) | "sunrgbd" (bit-rotated mm) | "middlebury" (PFM disparity + calib.txt)
     invalid_raw: tuple[int, ...] = (0, 65535)  # raw uint16 values meaning "no measurement" (65535: 7-Scenes)
     scene: str = "indoor"  # synthetic: "indoor" | "outdoor" | "mixed"
-    rig: str = "varied"  # synthetic camera: "varied" (lens/height/tilt drawn per scene) | "fixed" (one robot's)
+    rig: str = "varied"  # synthetic camera: "varied" (lens/height/tilt per scene) | "fixed" (one robot's) | "lens" (fixed mount, lens per scene)
     num_samples: int = 2000  # synthetic: size of the train split
     num_val: int = 64  # synthetic: size of the val split; nyu_mat without split_file: the last num_val images
     cache: bool = False  # synthetic: keep rendered samples in memory (per process), so later epochs cost nothing

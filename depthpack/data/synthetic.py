@@ -341,14 +341,16 @@ def _tiles(rng, n=3, T=32):
 # pooled from many cameras; metric depth from one image is then ambiguous up to those draws (about
 # +-25% from the height alone). "fixed": one robot's camera, a known lens at a known mount height and
 # tilt (as NYU's Kinect or KITTI's car), with a little jitter from the robot's motion; metric depth is
-# then well posed from the image. Both draw the same random numbers, so the scenes are the same.
+# then well posed from the image. "lens": the fixed rig's mount and tilt with the varied rig's lens per
+# scene (cameras that differ only in focal length: what a focal input can explain). All draw the same
+# random numbers, so the scenes are the same.
 FIXED_RIG = dict(hfov_deg=70.0, height=1.4, pitch=0.1, jitter_height=0.01, jitter_pitch=0.01, jitter_roll=0.01)
 
 
 def _camera(rng_vals: tuple[float, float, float, float], pos: np.ndarray, ranges, rig: str, H: int, W: int) -> Camera:
-    """look_camera from the drawn (yaw, pitch, roll, hfov) and pos, or the fixed rig's remap of them."""
+    """look_camera from the drawn (yaw, pitch, roll, hfov) and pos, or the fixed (or lens) rig's remap of them."""
     yaw, pitch, roll, hfov = rng_vals
-    if rig == "fixed":
+    if rig in ("fixed", "lens"):
         def jit(v, lo, hi, centre, j):  # the same draw, squeezed to centre +- j
             return centre + j * (2.0 * (v - lo) / (hi - lo) - 1.0)
         r = FIXED_RIG
@@ -356,7 +358,8 @@ def _camera(rng_vals: tuple[float, float, float, float], pos: np.ndarray, ranges
         pos[1] = jit(pos[1], *ranges["height"], r["height"], r["jitter_height"])
         pitch = jit(pitch, *ranges["pitch"], r["pitch"], r["jitter_pitch"])
         roll = jit(roll, *ranges["roll"], 0.0, r["jitter_roll"])
-        hfov = math.radians(r["hfov_deg"])
+        if rig == "fixed":
+            hfov = math.radians(r["hfov_deg"])
     elif rig != "varied":
         raise ValueError(f"rig must be one of {RIGS}, got {rig!r}")
     return look_camera(pos, yaw, pitch, roll, hfov, H, W)

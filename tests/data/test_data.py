@@ -372,6 +372,13 @@ def test_fixed_rig_is_one_camera_over_the_same_scenes():
             pitch = math.asin(-cam.R[1, 2])  # R's third column is the forward direction
             assert abs(cam.origin[1] - r["height"]) <= r["jitter_height"] + 1e-9
             assert abs(pitch - r["pitch"]) <= r["jitter_pitch"] + 1e-6
+    lens = [render(0, i, (32, 48), "mixed", rig="lens") for i in range(6)]
+    assert [float(s["K"][0, 0]) for s in lens] == [float(s["K"][0, 0]) for s in varied]  # varied's lenses
+    for i in range(10):  # on the fixed rig's mount and tilt
+        for make in (syn.indoor_scene, syn.outdoor_scene):
+            _, cam = make(np.random.default_rng(i), 32, 32, "lens")
+            assert abs(cam.origin[1] - r["height"]) <= r["jitter_height"] + 1e-9
+            assert abs(math.asin(-cam.R[1, 2]) - r["pitch"]) <= r["jitter_pitch"] + 1e-6
     with pytest.raises(ValueError, match="rig='robot' is not one of"):
         DataConfig(rig="robot")
 
