@@ -27,6 +27,7 @@ def test_gpu_scale_script_smoke(tmp_path):
     assert summary["throughput"]["data_path"] == "device" and summary["step"] == summary["steps"] > 0
     ev = json.loads((out / "eval.json").read_text())
     assert {r["queries"] for r in ev["rows"]} == {4, 16, 64} and ev["dense_map"] and ev["shares"]
-    assert {(r["path"], r["anchors"]) for r in ev["rows"]} == {(p, a) for p in ("packed", "masked", "dense") for a in (True, False)}
+    paths = ("packed", "masked", "dense", "packed@32", "packed@64")  # packed@K: --context 32 64 (SCALE_SMOKE)
+    assert {(r["path"], r["anchors"]) for r in ev["rows"]} == {(p, a) for p in paths for a in (True, False)}
     log = (out / "scale.log").read_text()
     assert "train exit 0" in log and "eval exit 0" in log
