@@ -11,7 +11,8 @@ size, sampled at the same points) is the dense model users pick instead.
 
 Inputs: float images already on the device (the model's own figure), or, in the @frames rows, uint8
 BGR camera frames of --frame-size on the host with points in frame pixels (what a robot has).
-Protocol: warmup (compile and capture) excluded and reported apart; inputs rotated among --sets sets;
+Protocol: warmup (compile and capture) excluded and reported apart; a discarded back-to-back spell before
+each row (an idle GPU clocks down); inputs rotated among --sets sets;
 each row timed two ways: latency = one call followed by a device sync on the host clock (what a
 caller meets; median and p90), and back-to-back = CUDA events around each call without a sync
 between (throughput); --repeats repeats and the spread of the repeat medians (run-to-run variation);
@@ -125,7 +126,12 @@ DEFAULT_CPU_ROWS = tuple(r.name for r in LADDER if r.default and r.backend == "e
 def count_flops(fn: Callable) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    def addmm_activation(bias_shape, a_shape, b_shape, *args, **kwargs) -> int:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+    # the fused fc1 + bias + GELU GEMM (mlp_epilogue) counts as its GEMM; torch has no formula for it
+    formulas = {torch.ops.aten._addmm_activation: addmm_activation}
+    with FlopCounterMode(display=False, custom_mapping=formulas) as counter:
         fn()
     return int(counter.get_total_flops())
 
@@ -272,6 +278,9 @@ def measure_row(rb: Rows, row: Row, Q: int, sets, device, args) -> dict:
         call = lambda i: fn(*sets[i])  # noqa: E731
         flops = count_flops(lambda: flop_fn(*sets[0]))
         kernels = count_kernels(lambda: prof_fn(*sets[0]), device)
+        # a discarded back-to-back spell first: an idle GPU's clocks start low (345 MHz on the H200), which
+        # inflated the first row of a run by 20% before
+        time_calls(call, device, args.sets, min(0.25, args.seconds), sync_each=False)
         reps = [time_calls(call, device, args.sets, args.seconds) for _ in range(args.repeats)]
         b2b = time_calls(call, device, args.sets, args.seconds, sync_each=False) if device.type == "cuda" else None
     meds = [statistics.median(r) for r in reps]

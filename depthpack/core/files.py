@@ -36,8 +36,9 @@ def temporary_name(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write data to path through a temporary file in the same folder + fsync + os.replace."""
+def atomic_write_bytes(path: str | Path, data: bytes, mode: int | None = None) -> None:
+    """Write data to path through a temporary file in the same folder + fsync + os.replace (with
+    the file mode set before the swap, when given: nobody sees the file without it)."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
@@ -45,6 +46,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -52,8 +55,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | Path, text: str, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode(), mode)
 
 
 def atomic_write_json(path: str | Path, obj: Any, sort_keys: bool = True) -> None:

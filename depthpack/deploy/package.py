@@ -131,10 +131,9 @@ def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_confi
     configs = dict(inductor_configs or {})
     if metadata:
         configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), **metadata}
-    with tempfile.TemporaryDirectory(prefix="depthpack_cxx_") as tmp:
-        if static_cxx_runtime:
-            configs["cpp.cxx"] = (str(static_runtime_compiler(Path(tmp))),)
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
+    if static_cxx_runtime:
+        configs["cpp.cxx"] = (str(static_runtime_compiler()),)
+    torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
     return path
 
 
@@ -180,21 +179,33 @@ def _compile_saved(job: dict) -> float:
     return time.perf_counter() - t0
 
 
-def static_runtime_compiler(folder: Path) -> Path:
-    """A compiler wrapper (written into folder) that calls the host's g++ and, when it links a shared
-    library, links libstdc++ and libgcc statically with their symbols hidden. Why: a process that
-    loads the package may already hold another copy of C++ runtime symbols (torch 2.11's libtorch
-    exports some), and a package bound half to one copy and half to the other crashes (the H200's
-    SIGSEGV; scripts/aoti_diagnose.py shows the bindings)."""
+def static_runtime_compiler(folder: str | Path | None = None) -> Path:
+    """A compiler wrapper that calls the host's g++ and, when it links a shared library, links
+    libstdc++ and libgcc statically with their symbols hidden. Why: a process that loads the package
+    may already hold another copy of C++ runtime symbols (torch 2.11's libtorch exports some), and a
+    package bound half to one copy and half to the other crashes (the H200's SIGSEGV;
+    scripts/aoti_diagnose.py shows the bindings).
+
+    The wrapper lives at a path named by its content, in folder (default: Inductor's cache folder),
+    and is reused: Inductor keys its precompiled headers on the compiler's command line, so a new
+    path per package would rebuild them for every package (about 25 s each on a 2-core CPU)."""
+    import hashlib
     import shutil
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from ..core.files import atomic_write_text
 
     real = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if real is None:
         raise ExportError("static_cxx_runtime needs g++ on PATH (or $CXX)")
-    wrapper = Path(folder) / "g++-static-runtime"
-    wrapper.write_text("#!/bin/sh\n# depthpack: the package's C++ runtime, linked in and hidden\n"
-                       'case " $* " in\n  *" -shared "*) exec ' + real
-                       + ' "$@" -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL -Wl,-Bsymbolic ;;\n'
-                       "  *) exec " + real + ' "$@" ;;\nesac\n')
-    wrapper.chmod(0o755)
+    text = ("#!/bin/sh\n# depthpack: the package's C++ runtime, linked in and hidden\n"
+            'case " $* " in\n  *" -shared "*) exec ' + real
+            + ' "$@" -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL -Wl,-Bsymbolic ;;\n'
+            "  *) exec " + real + ' "$@" ;;\nesac\n')
+    folder = Path(folder) if folder is not None else Path(cache_dir()) / "depthpack"
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / f"g++-static-runtime-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    if not (wrapper.is_file() and wrapper.read_text() == text and os.access(wrapper, os.X_OK)):
+        atomic_write_text(wrapper, text, mode=0o755)  # exports racing here write the same bytes
     return wrapper

@@ -52,3 +52,18 @@ def test_p90_and_targets():
     assert abs(t["b8_q512_graph_speedup_over_flop_ratio"]["value"] - 2.0 / 3.2) < 1e-9
     assert not t["b8_q512_graph_speedup_over_flop_ratio"]["met"]
     assert not t["graph_run_to_run_spread_max"]["met"]
+
+
+def test_flop_count_is_the_same_with_the_gemm_epilogue():
+    """The fused fc1 + bias + GELU GEMM counts as the GEMM it replaces (the profiler knows no formula)."""
+    import torch
+
+    from depthpack.bench.ladder import count_flops
+    from depthpack.core.model import create_model
+
+    torch.manual_seed(0)
+    model = create_model("tiny").eval()
+    images, points = torch.rand(1, 3, 64, 64), torch.rand(1, 16, 2) * 63
+    plain = count_flops(lambda: model.forward_packed(images, points, 16))
+    fused = count_flops(lambda: model.set_switches(mlp_epilogue=True).forward_packed(images, points, 16))
+    assert plain > 0 and fused == plain
