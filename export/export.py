@@ -69,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(resize, channel order, scale); default: float images at the model's size")
     ap.add_argument("--frame-format", default="bgr8", choices=sorted(FRAME_FORMATS),
                     help="with --frame-size: the frames' channel order (bgr8: OpenCV and most drivers)")
+    ap.add_argument("--compile-workers", type=int, default=None, metavar="N",
+                    help="packages compiled at once, each in its own process (default: one per 4 cores, at most "
+                         "one per bucket; 1: all in this process, which pays Inductor's start-up once)")
     ap.add_argument("--seed", type=int, default=0, help="seed of preset weights, reference and check inputs")
     ap.add_argument("--model", type=_settings, default=None, metavar="K=V,...",
                     help="with --preset: model config overrides, e.g. canonical_focal=48 (a focal input)")
@@ -87,7 +90,7 @@ def _main(argv=None) -> int:
                          target=args.target, seed=args.seed, cpp_runner=args.cpp_runner,
                          frame_size=args.frame_size, frame_format=args.frame_format,
                          switches=args.switches, inductor_configs=args.inductor,
-                         static_cxx_runtime=not args.dynamic_cxx_runtime)
+                         static_cxx_runtime=not args.dynamic_cxx_runtime, compile_workers=args.compile_workers)
     summary = export(model, opts, preset, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(summary))
     return 0

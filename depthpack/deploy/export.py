@@ -221,6 +221,8 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
         raise ExportError(f"--dtype {opts.dtype!r}: choose one of {sorted(DTYPES)}")
     if opts.batch < 1:
         raise ExportError(f"--batch {opts.batch}: must be >= 1")
+    if opts.compile_workers is not None and opts.compile_workers < 1:
+        raise ExportError(f"--compile-workers {opts.compile_workers}: must be >= 1")
     device = resolve_device(opts.device, opts.target)
     if opts.cpp_runner:
         find_cpp_runner(opts.cpp_runner)  # refuse a wrong path now, not after minutes of compiling
