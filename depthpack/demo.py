@@ -82,15 +82,6 @@ class Background:
         return dt
 
 
-def warm_up(step: Background) -> float:
-    """Wait for a warm-up compile; a failed one costs the next step its warm caches, nothing else."""
-    try:
-        return step.finish()
-    except StepFailed as e:
-        print(f"=== {step.name}: {e}; the next step compiles cold", flush=True)
-        return time.perf_counter() - step.t0
-
-
 def last_json(log: Path) -> dict:
     """The last line of a log that parses as a JSON object (the CLIs end their output with one)."""
     for line in reversed(log.read_text().splitlines()):
@@ -103,11 +94,9 @@ def last_json(log: Path) -> dict:
     return {}
 
 
-def warm_checkpoint(config: str, out: Path) -> Path:
-    """The recipe's model, untrained, as a checkpoint in out. On a GPU machine the demo exports and
-    benchmarks it in the background while training runs: compiled kernels and precompiled headers
-    depend on the model's shapes, not its weights, so the trained model's export and benchmark then
-    find them in the on-disk compile caches instead of compiling cold (60-80 s a package)."""
+def untrained_checkpoint(config: str, out: Path) -> Path:
+    """The recipe's model, untrained (seeded), as a checkpoint in out: what
+    scripts/gpu_export_timing.sh compiles (compile time depends on the model's shapes, not its weights)."""
     from .core.checkpoint import save_checkpoint
     from .core.config import to_dict
     from .core.model import DepthPack
@@ -199,8 +188,7 @@ def main(argv: list[str] | None = None) -> Path:
     times: dict[str, float] = {}
     ckpt = out / "train"
 
-    # on a GPU machine: the GPU recipe; the C++ build and the warm-up compiles overlap training, the
-    # export overlaps evaluation
+    # on a GPU machine: the GPU recipe; the C++ build overlaps training, the export overlaps evaluation
     train_cmd = [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"]
     if cuda:  # the GPU ladder of the trained model at the two target points; on CPU, the eager rows
         bench_args = ["--batch", "1,8", "--queries", "256,512", "--rows", "masked-eager,masked-graph,packed-eager,"
@@ -216,15 +204,9 @@ def main(argv: list[str] | None = None) -> Path:
         return ([py, "export/export.py", "--checkpoint", str(checkpoint), "--out", str(dest), "--device", device, "--onnx"]
                 + (["--cpp-runner", str(runner)] if runner else []))
 
-    warm: dict[str, Background] = {}
     if cuda:
         train_cmd += [r.format(out=out) for r in GPU_RECIPE]
         info["recipe"] = f"`{a.config}` with the GPU recipe `{' '.join(GPU_RECIPE).format(out=a.out)}`"
-        w = warm_checkpoint(a.config, out / "warm")
-        if "export" not in a.skip:
-            warm["export"] = Background("warm_export", export_cmd(w, out / "warm" / "export", None), logs)
-        if "bench" not in a.skip:
-            warm["bench"] = Background("warm_bench", bench_cmd(w, out / "warm" / "bench", 0.01, 1), logs)
     else:
         info["recipe"] = f"`{a.config}`"
     cpp_build, binary = None, None
@@ -241,8 +223,6 @@ def main(argv: list[str] | None = None) -> Path:
     export_dir = out / "export"
     export = None
     if "export" not in a.skip:
-        if "export" in warm:
-            times["warm-up export (during training)"] = warm_up(warm.pop("export"))
         if cuda:  # Python loads the packages for the self-check (their C++ runtime is linked in), so the
             export = Background("export", export_cmd(ckpt, export_dir, binary), logs)  # C++ build need not end first
         else:
@@ -274,8 +254,6 @@ def main(argv: list[str] | None = None) -> Path:
             times["C++ runner parity"] = run_step("cpp_check", check, logs)  # a build without OpenCV
         info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
     if "bench" not in a.skip:
-        if "bench" in warm:
-            times["warm-up benchmark (during training)"] = warm_up(warm.pop("bench"))
         times["latency benchmark"] = run_step("bench", bench_cmd(ckpt, out / "bench", 0.2, 2), logs)
     info["wall_s"] = time.perf_counter() - t_start
     report = write_report(out, times, info)

@@ -20,7 +20,7 @@ echo "\$(( (e - s) / 1000000 )) ms \${what:-link/other} \$(printf '%s ' "\$@" | 
 exit \$rc
 GXX
 chmod +x "$W/gxx"
-$PY -c "from depthpack.demo import warm_checkpoint; warm_checkpoint('configs/demo.yaml', '$W/ckpt')" || exit 1
+$PY -c "from depthpack.demo import untrained_checkpoint; untrained_checkpoint('configs/demo.yaml', '$W/ckpt')" || exit 1
 run() {  # NAME ENV... -- EXPORT_ARGS...
   local name=$1; shift; local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
   local t0; t0=$(date +%s%N)

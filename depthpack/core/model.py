@@ -32,6 +32,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from .config import ModelConfig, model_config
 from .packing import key_mask_from_index, patch_of_points, run_chunked, select_tokens, spread_rank
+from .preprocess import focal_factor
 from .validation import check_focal, check_images, check_inputs
 
 
@@ -247,7 +248,7 @@ class DepthPack(nn.Module):
 
         focal [B] in pixels of `images` (0 = unknown: cfg.focal_default); None = every image the
         default. At a size other than cfg.img_size the focal is compared at the model's size (scaled
-        by sqrt(H0*W0 / (H*W)), static shapes). Branch-free: export and graphs see one function."""
+        by core.preprocess.focal_factor, static shapes). Branch-free: export and graphs see one function."""
         cfg = self.cfg
         if not cfg.uses_focal:
             return None
@@ -258,9 +259,7 @@ class DepthPack(nn.Module):
         else:
             f = focal.to(device=images.device, dtype=torch.float32).reshape(-1).expand(B)
             f = torch.where(f > 0, f, torch.full_like(f, default))
-        H, W = images.shape[-2:]
-        H0, W0 = cfg.img_size
-        return f * (math.sqrt((H0 * W0) / (H * W)) / float(cfg.canonical_focal))
+        return f * (focal_factor(tuple(images.shape[-2:]), cfg.img_size) / float(cfg.canonical_focal))
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
     def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,

@@ -13,6 +13,7 @@ check that the file is complete (a truncated JPEG or PNG decodes without complai
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import cv2
@@ -61,20 +62,26 @@ def scale_points(points, frame_size: tuple[int, int], size: tuple[int, int]) -> 
     return torch.stack([pts[..., 0] * sx, pts[..., 1] * sy], dim=-1)
 
 
+def focal_factor(from_size: tuple[int, int], to_size: tuple[int, int]) -> float:
+    """sqrt(W / w * H / h): what a focal length in pixels of an image (h, w) = from_size is multiplied
+    by when the image is resized to (H, W) = to_size (sqrt(fx' * fy') with fx' = fx * W / w and
+    fy' = fy * H / h; a crop after the scaling leaves it unchanged). The one definition, for data
+    sets, runtimes, packages and the model."""
+    (h, w), (H, W) = from_size, to_size
+    return math.sqrt((W / w) * (H / h))
+
+
 def focal_at_size(fx: float, fy: float, frame_size: tuple[int, int], size: tuple[int, int]) -> float:
-    """The focal length the model sees, in pixels: sqrt(fx' * fy') after a frame (h, w) with focal
-    lengths (fx, fy) in its pixels is scaled to (H, W) (fx' = fx * W / w, fy' = fy * H / h; a crop
-    after the scaling leaves them unchanged). The one definition for data sets and runtimes."""
-    (h, w), (H, W) = frame_size, size
-    return float(np.sqrt((float(fx) * W / w) * (float(fy) * H / h)))
+    """The focal length the model sees, in pixels: sqrt(fx * fy) of a frame (h, w) with focal
+    lengths (fx, fy) in its pixels, once the frame is scaled to (H, W)."""
+    return math.sqrt(float(fx) * float(fy)) * focal_factor(frame_size, size)
 
 
 def scale_focal(focal: torch.Tensor, frame_size: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
-    """focal [B] (sqrt(fx * fy) in the frame's pixels; 0 = unknown) -> in the model image's pixels:
-    * sqrt(W / w * H / h), a constant of the static sizes (inside graphs and packages, as scale_points);
-    0 stays 0 (the model's default)."""
-    (h, w), (H, W) = frame_size, size
-    return focal.to(torch.float32) * float(np.sqrt((W / w) * (H / h)))
+    """focal [B] (sqrt(fx * fy) in the frame's pixels; 0 = unknown) -> in the model image's pixels,
+    times a constant of the static sizes (inside graphs and packages, as scale_points); 0 stays 0
+    (the model's default)."""
+    return focal.to(torch.float32) * focal_factor(frame_size, size)
 
 
 def check_complete(data: bytes, path) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..core.files import sha256_file
+from ..core.preprocess import focal_factor
 
 FORMAT = "depthpack-manifest/2"
 MANIFEST = "manifest.json"
@@ -89,10 +90,7 @@ def io_specs(image_size: tuple[int, int], batch: int, bucket: int, frame: dict |
 def input_scale(image_size: tuple[int, int], frame: dict | None) -> float:
     """A focal in pixels of the packages' input times this is the focal in the model image's pixels
     (core.preprocess.scale_focal's factor; 1 for packages that take images)."""
-    if not frame:
-        return 1.0
-    (h, w), (H, W) = frame["size"], image_size
-    return math.sqrt((W / w) * (H / h))
+    return focal_factor(frame["size"], image_size) if frame else 1.0
 
 
 def focal_entry(canonical: float, default: float, image_size: tuple[int, int], frame: dict | None) -> dict:

@@ -144,3 +144,26 @@ def test_training_objective_sees_the_focal():
     assert not torch.allclose(a, b)
     c = obj(img, pts, target, valid, 8, None, None)[0]
     torch.testing.assert_close(a, c)
+
+
+def test_one_focal_factor_for_data_runtime_packages_and_model():
+    """sqrt(fx' fy') after a resize: the data sets, the runtimes, the packages' manifest and the model
+    all take it from core.preprocess.focal_factor, and it is what the definition says."""
+    import math
+
+    import torch
+
+    from depthpack.core.model import create_model
+    from depthpack.core.preprocess import focal_at_size, focal_factor, scale_focal
+    from depthpack.deploy.contract import input_scale
+
+    fx, fy, (h, w), (H, W) = 520.0, 515.0, (480, 640), (64, 96)
+    want = math.sqrt((fx * W / w) * (fy * H / h))
+    assert math.isclose(focal_at_size(fx, fy, (h, w), (H, W)), want, rel_tol=1e-12)
+    f = torch.tensor([math.sqrt(fx * fy), 0.0])
+    assert torch.allclose(scale_focal(f, (h, w), (H, W)), torch.tensor([want, 0.0]), rtol=1e-6)
+    assert input_scale((H, W), {"size": (h, w)}) == focal_factor((h, w), (H, W)) and input_scale((H, W), None) == 1.0
+    model = create_model("tiny", canonical_focal=48.0)
+    H0, W0 = model.cfg.img_size
+    images = torch.zeros(1, 3, 2 * H0, 2 * W0)  # the same camera at twice the size: twice the focal in pixels
+    assert torch.allclose(model.focal_scale(images, torch.tensor([96.0])), torch.tensor([1.0]))
