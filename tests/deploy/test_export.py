@@ -332,6 +332,7 @@ def test_cli_refuses_cuda_without_cuda(tmp_path):
     (["--preset", "tiny", "--buckets", "8,x"], "comma-separated"),
     (["--preset", "tiny", "--dtype", "int8"], "invalid choice"),
     (["--preset", "tiny", "--batch", "0"], "--batch 0"),
+    (["--preset", "tiny", "--compile-workers", "0"], "--compile-workers 0"),
     (["--preset", "tiny", "--onnx-buckets", "16", "--buckets", "8,64"], "--onnx-buckets"),
     (["--preset", "tiny", "--target", "z80"], "unknown target"),
     (["--preset", "tiny", "--target", "jetson-orin" if platform.machine() != "aarch64" else "x86_64"],
