@@ -190,20 +190,6 @@ def main(argv: list[str] | None = None) -> Path:
 
     # on a GPU machine: the GPU recipe; the C++ build overlaps training, the export overlaps evaluation
     train_cmd = [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"]
-    if cuda:  # the GPU ladder of the trained model at the two target points; on CPU, the eager rows
-        bench_args = ["--batch", "1,8", "--queries", "256,512", "--rows", "masked-eager,masked-graph,packed-eager,"
-                      "packed-graph,packed-compile+graph,packed-compile+graph@frames"]
-    else:
-        bench_args = ["--queries", "16,64,256"]
-
-    def bench_cmd(checkpoint: Path, dest: Path, seconds: float, repeats: int) -> list[str]:
-        return [py, "-m", "depthpack.bench", "--checkpoint", str(checkpoint), "--device", device, "--out", str(dest),
-                "--seconds", str(seconds), "--repeats", str(repeats)] + bench_args
-
-    def export_cmd(checkpoint: Path, dest: Path, runner: Path | None) -> list[str]:
-        return ([py, "export/export.py", "--checkpoint", str(checkpoint), "--out", str(dest), "--device", device, "--onnx"]
-                + (["--cpp-runner", str(runner)] if runner else []))
-
     if cuda:
         train_cmd += [r.format(out=out) for r in GPU_RECIPE]
         info["recipe"] = f"`{a.config}` with the GPU recipe `{' '.join(GPU_RECIPE).format(out=a.out)}`"
@@ -223,10 +209,12 @@ def main(argv: list[str] | None = None) -> Path:
     export_dir = out / "export"
     export = None
     if "export" not in a.skip:
+        cmd = [py, "export/export.py", "--checkpoint", str(ckpt), "--out", str(export_dir), "--device", device, "--onnx"]
+        cmd += ["--cpp-runner", str(binary)] if binary else []
         if cuda:  # Python loads the packages for the self-check (their C++ runtime is linked in), so the
-            export = Background("export", export_cmd(ckpt, export_dir, binary), logs)  # C++ build need not end first
+            export = Background("export", cmd, logs)  # C++ build need not end first
         else:
-            times["export (.pt2 + ONNX)"] = run_step("export", export_cmd(ckpt, export_dir, binary), logs)
+            times["export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
         info["export"] = (f"Packages, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the manifest the "
                           "export ran each package against eager on fresh inputs and on the reference (log: "
                           f"`{rel_to(logs / 'export.log', out)}`).")
@@ -254,7 +242,14 @@ def main(argv: list[str] | None = None) -> Path:
             times["C++ runner parity"] = run_step("cpp_check", check, logs)  # a build without OpenCV
         info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
     if "bench" not in a.skip:
-        times["latency benchmark"] = run_step("bench", bench_cmd(ckpt, out / "bench", 0.2, 2), logs)
+        cmd = [py, "-m", "depthpack.bench", "--checkpoint", str(ckpt), "--device", device, "--out", str(out / "bench"),
+               "--seconds", "0.2", "--repeats", "2"]
+        if cuda:  # the GPU ladder of the trained model at the two target points; on CPU, the eager rows
+            cmd += ["--batch", "1,8", "--queries", "256,512", "--rows",
+                    "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,packed-compile+graph@frames"]
+        else:
+            cmd += ["--queries", "16,64,256"]
+        times["latency benchmark"] = run_step("bench", cmd, logs)
     info["wall_s"] = time.perf_counter() - t_start
     report = write_report(out, times, info)
     print(f"\nreport: {report}")

@@ -84,7 +84,7 @@ if [ "$PART" = final ]; then  # issue 14's one run: make demo on a cold machine,
   rm -rf runs/demo
   timeout "${DEMO_S:-230}" make demo >"$W/logs/demo.log" 2>&1; echo "make demo exit $?" | tee -a "$LOG"
   grep -E "^=== .*done in|demo:|report:" "$W/logs/demo.log" | tee -a "$LOG"
-  [ -d runs/demo ] && cp -r runs/demo "$W/demo" && rm -rf "$W/demo/scenes" "$W/demo/warm"
+  [ -d runs/demo ] && cp -r runs/demo "$W/demo" && rm -rf "$W/demo/scenes"
   if [ -x runs/demo/cpp_build/depthpack_run ]; then export DEPTHPACK_RUN=$PWD/runs/demo/cpp_build/depthpack_run; else build_runner; fi
   TEST_S=${TEST_S:-210} gpu_tests tests
   step "the benchmark's two target points (vits bf16): device tensors and host camera frames"

@@ -179,15 +179,14 @@ def _compile_saved(job: dict) -> float:
     return time.perf_counter() - t0
 
 
-def static_runtime_compiler(folder: str | Path | None = None) -> Path:
+def static_runtime_compiler() -> Path:
     """A compiler wrapper that calls the host's g++ and, when it links a shared library, links
     libstdc++ and libgcc statically with their symbols hidden. Why: a process that loads the package
     may already hold another copy of C++ runtime symbols (torch 2.11's libtorch exports some), and a
     package bound half to one copy and half to the other crashes (the H200's SIGSEGV;
     scripts/aoti_diagnose.py shows the bindings).
 
-    The wrapper lives at a path named by its content, in folder (default: Inductor's cache folder),
-    and is reused: Inductor keys its precompiled headers on the compiler's command line, so a new
+    The wrapper lives at a path named by its content, in Inductor's cache folder, and is reused: Inductor keys its precompiled headers on the compiler's command line, so a new
     path per package would rebuild them for every package (about 25 s each on a 2-core CPU)."""
     import hashlib
     import shutil
@@ -203,7 +202,7 @@ def static_runtime_compiler(folder: str | Path | None = None) -> Path:
             'case " $* " in\n  *" -shared "*) exec ' + real
             + ' "$@" -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL -Wl,-Bsymbolic ;;\n'
             "  *) exec " + real + ' "$@" ;;\nesac\n')
-    folder = Path(folder) if folder is not None else Path(cache_dir()) / "depthpack"
+    folder = Path(cache_dir()) / "depthpack"
     folder.mkdir(parents=True, exist_ok=True)
     wrapper = folder / f"g++-static-runtime-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if not (wrapper.is_file() and wrapper.read_text() == text and os.access(wrapper, os.X_OK)):
