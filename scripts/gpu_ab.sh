@@ -2,13 +2,13 @@
 # Which change to the scale recipe closes the packed-versus-dense gap? (docs/scale/README.md: the first
 # run left packed +6.4% over dense at Q=256.) Several trainings of configs/scale.yaml at once on one
 # H200, each with its own overrides, the same STEPS each so every cosine schedule ends, then each
-# evaluated on the 256 held-out scenes. One run, about 9 minutes. Three vits evaluations at once with
-# the 512-slot rows need more than 110 s (two runs of 2026-12-02 lost theirs to that limit); how much
-# more is not measured, so EVAL_S is 240 s:
+# evaluated on the 256 held-out scenes. One run, under 10 minutes. Three vits evaluations at once ran
+# past 110 s and lost everything (two runs of 2026-12-02), so they run one after another, each with
+# its own EVAL_S limit, and a killed one costs only its own rows:
 #   1. render + cache 256 val scenes and as many train scenes as RENDER_S allows (14 cores)
 #   2. the trainings, at once; max_time_s guards the deadline
-#   3. the evaluations, at once: Q = 16 64 256 (packed, masked, dense, anchors on/off) and the 512-slot
-#      buffer at the same queries
+#   3. the evaluations, one at a time: Q = 16 64 256 (packed, masked, dense, anchors on/off) and the
+#      512-slot buffer at the same queries
 #   RUNS="NAME:K=V,K=V NAME:..." OUT=DIR bash scripts/gpu_ab.sh     (STEPS, RENDER_S, TRAIN_S override)
 #   e.g. RUNS="base: distill:distill_weight=1.0" (the distillation A/B of docs/scale/h200/distill/)
 #   CFG=configs/tiny.yaml CONTEXT= STEPS=4 PY=.venv/bin/python bash scripts/gpu_ab.sh   (every step, on a CPU)
@@ -16,7 +16,7 @@ set -u -o pipefail
 OUT=${OUT:-/tmp/ab_out}
 PY=${PY:-python3}
 RUNS=${RUNS:-"base: anchors12:model.anchor_grid=12 distill01:distill_weight=0.1"}
-STEPS=${STEPS:-1600}; RENDER_S=${RENDER_S:-45}; TRAIN_S=${TRAIN_S:-230}; EVAL_S=${EVAL_S:-240}
+STEPS=${STEPS:-1400}; RENDER_S=${RENDER_S:-45}; TRAIN_S=${TRAIN_S:-200}; EVAL_S=${EVAL_S:-100}
 mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -46,12 +46,11 @@ for run in "${names[@]}"; do
 done
 step "3. evaluate each: Q = 16 64 256 on the held-out scenes (and buffers of ${CONTEXT:-no more} slots)"
 for run in "${names[@]}"; do
+  t=$(date +%s)
   timeout "$EVAL_S" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries 16 64 256 ${CONTEXT:+--context $CONTEXT} --curve \
-    --batch-size 16 --figure-images 0 --no-progress --out "$WORK/eval_$run" > "$WORK/eval_$run.log" 2>&1 &
-done
-wait
-for run in "${names[@]}"; do
+    --batch-size 16 --figure-images 0 --no-progress --out "$WORK/eval_$run" > "$WORK/eval_$run.log" 2>&1
+  echo "[$run] exit $?, $(( $(date +%s) - t )) s" | tee -a "$LOG"
   cp "$WORK/eval_$run/eval.md" "$OUT/eval_$run.md" 2>/dev/null
-  echo "[$run]" | tee -a "$LOG"; grep -e '^- q' "$WORK/eval_$run/eval.md" 2>/dev/null | tee -a "$LOG" || tail -3 "$WORK/eval_$run.log" | tee -a "$LOG"
+  grep -e '^- q' -e '^|' "$WORK/eval_$run/eval.md" 2>/dev/null | tee -a "$LOG" || tail -3 "$WORK/eval_$run.log" | tee -a "$LOG"
 done
 step "done"
