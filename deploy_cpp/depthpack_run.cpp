@@ -2,10 +2,11 @@
 // pixels of one image, of every frame of a video, a folder or a raw stream, or a check against
 // the export's reference file.
 //
-// Assumes: a folder written by export/export.py (manifest.json "depthpack-manifest/2" beside one
-// AOTInductor package per bucket) built for this machine's CPU architecture, GPU compute
-// capability and libtorch major.minor (all checked); trusted packages: a .pt2 holds native code,
-// and the sha256 check only proves a file is the one the manifest names. Any error: one line on
+// Assumes: a folder written by export/export.py (manifest.json "depthpack-manifest/3" beside one
+// AOTInductor package per bucket and, unless the manifest's "weights" is null, the weights file
+// they share) built for this machine's CPU architecture, GPU compute capability and libtorch
+// major.minor (all checked); trusted packages: a .pt2 holds native code, and the sha256 checks
+// only prove a file is the one the manifest names. Any error: one line on
 // stderr, "depthpack_run: error: ...", exit code 1.
 #include <chrono>
 #include <cmath>

@@ -71,6 +71,7 @@ std::string read_file(const fs::path& path, const std::string& what, uint64_t ca
   else if (!S_ISREG(st.st_mode)) problem = std::string("it is ") + file_kind(st.st_mode) + ", not a regular file";
   else if (uint64_t(st.st_size) > cap)
     problem = std::to_string(st.st_size) + " bytes is more than the " + std::to_string(cap / kMiB) + " MiB limit";
+  else out.reserve(size_t(st.st_size));  // one allocation for large files (the weights)
   while (problem.empty()) {
     char buf[1 << 16];
     ssize_t n = ::read(fd, buf, sizeof buf);

@@ -22,6 +22,7 @@ namespace fs = std::filesystem;
 
 inline constexpr uint64_t kMiB = uint64_t(1) << 20;
 inline constexpr uint64_t kManifestCap = 16 * kMiB, kPointsCap = 64 * kMiB, kImageCap = 256 * kMiB;
+inline constexpr uint64_t kWeightsCap = 4096 * kMiB;  // the export's weights.safetensors
 
 // The bytes of a regular file of at most cap bytes: anything else (missing, a directory, a device
 // such as /dev/zero, a FIFO, larger than cap) is one Error "WHAT PATH: cannot be read ...".

@@ -38,6 +38,15 @@ std::vector<int64_t> int_list(const Value& v, const std::string& where) {
   return out;
 }
 
+// A file beside the manifest: no folder, not "." or "..".
+bool plain_name(const std::string& file) {
+  return !file.empty() && file != "." && file != ".." && file.find('/') == std::string::npos;
+}
+
+bool is_sha256(const std::string& hex) {
+  return hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t k = 0; k < s.size(); ++k) out += (k ? "," : "") + std::to_string(s[k]);
@@ -185,12 +194,10 @@ Manifest read_manifest(const fs::path& path) {
     if (bucket.capacity < 1 || (!m.buckets.empty() && bucket.capacity <= m.buckets.back().capacity))
       throw Error(wb + ": buckets must be positive and ascending");
     const std::string& file = need(b, "file", Value::Kind::String, wb).string;
-    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos)
-      throw Error(wb + ": file must be a plain file name, got \"" + file + "\"");
+    if (!plain_name(file)) throw Error(wb + ": file must be a plain file name, got \"" + file + "\"");
     bucket.file = path.parent_path() / file;
     bucket.sha256 = need(b, "sha256", Value::Kind::String, wb).string;
-    if (bucket.sha256.size() != 64 || bucket.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
-      throw Error(wb + ": sha256 must be 64 lowercase hex digits");
+    if (!is_sha256(bucket.sha256)) throw Error(wb + ": sha256 must be 64 lowercase hex digits");
     bucket.inputs = specs(*b.find("inputs"), wb + ": inputs");
     check_inputs(m, bucket, wb);
     std::vector<TensorSpec> out = specs(*b.find("outputs"), wb + ": outputs");
@@ -200,6 +207,15 @@ Manifest read_manifest(const fs::path& path) {
   }
   const Value& ref = need(j, "reference", Value::Kind::Object, w);
   need(ref, "file", Value::Kind::String, w + ": reference"), need(ref, "sha256", Value::Kind::String, w + ": reference");
+  // "weights": null (compiled into each package) or {"file": a plain name, "sha256": hex}
+  if (const Value& wt = *j.find("weights"); !wt.is_null()) {
+    const Value* file = wt.kind == Value::Kind::Object ? wt.find("file") : nullptr;
+    const Value* sha = wt.kind == Value::Kind::Object ? wt.find("sha256") : nullptr;
+    if (!file || file->kind != Value::Kind::String || !plain_name(file->string) || !sha ||
+        sha->kind != Value::Kind::String || !is_sha256(sha->string))
+      throw Error(w + ": \"weights\" must be null or {\"file\": a plain file name, \"sha256\": 64 lowercase hex digits}");
+    m.weights = WeightsFile{path.parent_path() / file->string, sha->string};
+  }
   return m;
 }
 

@@ -19,12 +19,12 @@ struct Error : std::runtime_error {
 };
 
 // contract: FORMAT
-inline constexpr const char* kFormat = "depthpack-manifest/2";
+inline constexpr const char* kFormat = "depthpack-manifest/3";
 // contract: REQUIRED_KEYS
-inline constexpr std::array<const char*, 18> kRequiredKeys = {
+inline constexpr std::array<const char*, 19> kRequiredKeys = {
     "format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
     "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
-    "preprocess", "tolerance", "buckets", "reference"};
+    "preprocess", "tolerance", "buckets", "reference", "weights"};
 // contract: BUCKET_KEYS
 inline constexpr std::array<const char*, 5> kBucketKeys = {"bucket", "file", "sha256", "inputs", "outputs"};
 
@@ -43,6 +43,14 @@ struct Bucket {
   std::vector<TensorSpec> inputs;   // in call order
 };
 
+// The packages' shared weights (manifest "weights"): a safetensors file beside the manifest whose
+// entries are named by the packages' constant FQNs. Packages exported this way hold no weights of
+// their own, and the runner loads them into each package before its first run.
+struct WeightsFile {
+  std::filesystem::path file;
+  std::string sha256;
+};
+
 struct Manifest {
   std::filesystem::path path;
   int64_t H = 0, W = 0, batch = 0;  // the model's image size; the packages' batch B
@@ -54,6 +62,7 @@ struct Manifest {
   bool frame_bgr = true;                  //   and its channel order
   std::optional<float> focal_default;     // "focal": {"default": f}
   std::vector<Bucket> buckets;            // ascending capacity; the same inputs but "points" in each
+  std::optional<WeightsFile> weights;     // null: the weights are compiled into each package
 
   bool has_input(const std::string& name) const;
   bool takes_frames() const { return has_input("frames"); }

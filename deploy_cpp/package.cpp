@@ -3,11 +3,17 @@
 
 #include <torch/cuda.h>
 
+#include <bit>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 
+#include "io.h"
 #include "mini_json.h"
 
 #ifdef DEPTHPACK_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -26,7 +32,75 @@ std::string shape_str(c10::IntArrayRef s) {
   return out + "]";
 }
 
+// safetensors dtypes the exporter can write, with their ATen types
+std::optional<at::ScalarType> scalar_type(const std::string& dtype) {
+  static const std::pair<const char*, at::ScalarType> types[] = {
+      {"BF16", at::kBFloat16}, {"F16", at::kHalf}, {"F32", at::kFloat}, {"F64", at::kDouble}, {"I64", at::kLong},
+      {"I32", at::kInt},       {"I16", at::kShort}, {"I8", at::kChar},   {"U8", at::kByte},    {"BOOL", at::kBool}};
+  for (const auto& [name, type] : types)
+    if (dtype == name) return type;
+  return std::nullopt;
+}
+
 }  // namespace
+
+// safetensors stores little-endian data, copied here byte for byte (x86_64 and aarch64 are)
+static_assert(std::endian::native == std::endian::little, "safetensors weights need a little-endian host");
+
+Weights load_weights(const WeightsFile& file, c10::Device device) {
+  using minijson::Value;
+  const std::string w = "weights " + file.file.string();
+  const std::string bytes = io::read_file(file.file, "weights", io::kWeightsCap);
+  // the bytes that are parsed are the bytes that are hashed: checked before anything is read out
+  minijson::Sha256 sha;
+  sha.update(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  if (const std::string got = sha.hex(); got != file.sha256)
+    throw Error(w + ": sha256 " + got + " does not match the manifest's " + file.sha256 + " (corrupt or modified; re-export)");
+  // 8-byte little-endian header length, JSON header, data
+  if (bytes.size() < 8) throw Error(w + ": too short for a safetensors file");
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | uint8_t(bytes[k]);
+  if (n > bytes.size() - 8) throw Error(w + ": header length " + std::to_string(n) + " exceeds the file");
+  Value header;
+  try {
+    header = minijson::parse(bytes.substr(8, n));
+  } catch (const std::runtime_error& e) {
+    throw Error(w + ": header: " + e.what());
+  }
+  if (header.kind != Value::Kind::Object) throw Error(w + ": header: not a JSON object");
+  const char* data = bytes.data() + 8 + n;
+  const uint64_t avail = bytes.size() - 8 - n;
+  Weights out;
+  for (const auto& [name, t] : header.object) {
+    if (name == "__metadata__") continue;
+    const std::string wt = w + ": tensor \"" + name + "\"";
+    const Value* dtype = t.kind == Value::Kind::Object ? t.find("dtype") : nullptr;
+    const std::optional<at::ScalarType> type =
+        dtype && dtype->kind == Value::Kind::String ? scalar_type(dtype->string) : std::nullopt;
+    if (!type) throw Error(wt + ": dtype must be one of BF16, F16, F32, F64, I64, I32, I16, I8, U8, BOOL");
+    auto ints = [&](const char* key) {
+      const Value* v = t.find(key);
+      std::vector<int64_t> r;
+      if (!v || v->kind != Value::Kind::Array) throw Error(wt + ": malformed shape or data_offsets");
+      for (const Value& x : v->array) {
+        if (x.kind != Value::Kind::Number || x.number < 0 || x.number != std::floor(x.number) || x.number > 1e12)
+          throw Error(wt + ": malformed shape or data_offsets");
+        r.push_back(int64_t(x.number));
+      }
+      return r;
+    };
+    const std::vector<int64_t> shape = ints("shape"), o = ints("data_offsets");
+    uint64_t numel = 1;  // saturates above the data area: no overflow, and then no match below
+    for (int64_t s : shape) numel = s && numel > (avail + 1) / uint64_t(s) ? avail + 1 : numel * uint64_t(s);
+    const uint64_t size = numel * c10::elementSize(*type);
+    if (o.size() != 2 || o[0] > o[1] || uint64_t(o[1]) > avail || uint64_t(o[1] - o[0]) != size)
+      throw Error(wt + " has inconsistent data_offsets");
+    at::Tensor cpu = at::empty(shape, at::TensorOptions().dtype(*type));
+    if (size) std::memcpy(cpu.data_ptr(), data + o[0], size);
+    out.emplace(name, cpu.to(device));
+  }
+  return out;
+}
 
 c10::Device pick_device(const Manifest& m, int device_index) {
   check_built_for_here(m);
@@ -65,7 +139,8 @@ std::string metadata_mismatch(const std::unordered_map<std::string, std::string>
   return "";
 }
 
-Package::Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph) : m_(m), b_(b), graph_(graph) {
+Package::Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph, const Weights* weights)
+    : m_(m), b_(b), graph_(graph) {
   const std::string w = "package " + b.file.string();
   if (!std::filesystem::is_regular_file(b.file)) throw Error(w + ": no such file");
   const std::string got = minijson::sha256_file(b.file.string());
@@ -81,6 +156,45 @@ Package::Package(const Manifest& m, const Bucket& b, c10::Device device, bool gr
     throw Error(w + ": cannot be loaded: " + first_line(e.what()));
   }
   if (std::string why = metadata_mismatch(loader_->get_metadata(), m, b); !why.empty()) throw Error(w + " " + why);
+  if (weights) load_constants(*weights);
+}
+
+// A package exported without its weights runs on unset memory (a crash) until its constants are
+// loaded: every constant it names must be in the weights, of the package's dtype (load_constants
+// copies each tensor's bytes into the package's own buffer).
+void Package::load_constants(const Weights& weights) {
+  const std::string w = "package " + b_.file.string(), file = m_.weights->file.string();
+  std::unordered_map<std::string, int32_t> dtypes;  // FQN -> the package's dtype (c10::ScalarType)
+  Weights subset;
+  try {
+    auto* runner = loader_->get_runner();
+    const auto fqns = runner->getConstantNamesToOriginalFQNs();
+    for (const auto& [name, dtype] : runner->getConstantNamesToDtypes())
+      if (auto it = fqns.find(name); it != fqns.end()) dtypes[it->second] = dtype;
+    for (const std::string& fqn : loader_->get_constant_fqns()) {
+      auto it = weights.find(fqn);
+      if (it == weights.end())
+        throw Error("weights " + file + " lacks constant \"" + fqn + "\" that " + w +
+                    " needs (the weights are not this export's; re-export)");
+      if (auto d = dtypes.find(fqn); d != dtypes.end() && d->second != int32_t(it->second.scalar_type()))
+        throw Error("weights " + file + " hold constant \"" + fqn + "\" as " + std::string(c10::toString(it->second.scalar_type())) +
+                    ", " + w + " needs " + std::string(c10::toString(c10::ScalarType(d->second))) +
+                    " (the weights are not this export's; re-export)");
+      subset.emplace(fqn, it->second);
+    }
+    loader_->load_constants(subset, /*use_inactive=*/false, /*check_full_update=*/true);
+#ifdef DEPTHPACK_WITH_CUDA
+    // the copies are cudaMemcpy on the legacy default stream: device to device they may still be
+    // running when it returns, and the runner's non-blocking stream is not ordered after them
+    if (m_.device == "cuda") c10::cuda::device_synchronize();
+#endif
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw Error(w + ": cannot load its constants from weights " + file + ": " + first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw Error(w + ": cannot load its constants from weights " + file + ": " + first_line(e.what()));
+  }
 }
 
 const at::Tensor& Package::run(const std::vector<at::Tensor>& inputs, void* stream) {

@@ -1,5 +1,6 @@
 // package.h (inside the library): one bucket's AOTInductor package, verified before it is trusted
-// (sha256 against the manifest, then its own metadata: device, bucket, inputs) and run directly or
+// (sha256 against the manifest, then its own metadata: device, bucket, inputs), given its
+// constants from the export's weights file when the manifest has one, and run directly or
 // replayed from a CUDA graph captured once with the runner's static input buffers.
 #pragma once
 
@@ -7,6 +8,8 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <memory>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #ifdef DEPTHPACK_WITH_CUDA
@@ -20,6 +23,12 @@ namespace depthpack::detail {
 // The device of the packages, after checking that this build and machine can run them.
 c10::Device pick_device(const Manifest& m, int device_index);
 
+// The export's weights (manifest "weights"), by constant FQN, on the packages' device. The file's
+// sha256 is checked against the manifest before anything in it is parsed; every entry (but
+// "__metadata__") becomes a tensor, its data_offsets checked against the data area.
+using Weights = std::unordered_map<std::string, at::Tensor>;
+Weights load_weights(const WeightsFile& file, c10::Device device);
+
 // "" when a package's own metadata agrees with its manifest entry, else what differs: its device,
 // "depthpack.bucket" and "depthpack.inputs" (contract.PACKAGE_BUCKET / PACKAGE_INPUTS; a package
 // without them is an older export: "re-export").
@@ -28,7 +37,9 @@ std::string metadata_mismatch(const std::unordered_map<std::string, std::string>
 
 class Package {
  public:
-  Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph);
+  // weights: the export's weights (load_weights) when the manifest has "weights", else nullptr (the
+  // package holds its own). The package copies the constants it needs: weights may go after this.
+  Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph, const Weights* weights);
   // depth [B,K] on the device for inputs in the manifest's call order. With a graph the inputs
   // must be the same tensors on every call (static buffers): the first call captures, later ones
   // replay. The result stays valid until the next call.
@@ -36,6 +47,8 @@ class Package {
   void rerun(const std::vector<at::Tensor>& inputs, void* stream);  // for timing: replay or run again
 
  private:
+  void load_constants(const Weights& weights);
+
   const Manifest& m_;
   const Bucket& b_;
   bool graph_;

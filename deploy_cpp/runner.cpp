@@ -55,6 +55,8 @@ struct Runner::Impl {
     std::vector<at::Tensor> inputs;
   };
   std::map<int64_t, Slot> slots;
+  std::optional<detail::Weights> weights;  // manifest "weights": read with the first package, dropped
+                                           // once every package has copied its constants
   std::vector<int64_t> used;
   int64_t allocations = 0;
   at::Tensor image, focal;                        // device, shared by every bucket: images|frames, focal
@@ -111,11 +113,14 @@ struct Runner::Impl {
   Slot& slot(const Bucket& b) {  // loaded on first use
     if (auto it = slots.find(b.capacity); it != slots.end()) return it->second;
     Slot s;
-    s.package = std::make_unique<detail::Package>(m, b, device, graph);
+    if (m.weights && !weights) weights = detail::load_weights(*m.weights, device);
+    s.package = std::make_unique<detail::Package>(m, b, device, graph, weights ? &*weights : nullptr);
     s.points = alloc({m.batch, b.capacity, 2}, at::kFloat, false);
     for (const TensorSpec& t : b.inputs) s.inputs.push_back(t.name == "points" ? s.points : t.name == "focal" ? focal : image);
     used.push_back(b.capacity);
-    return slots.emplace(b.capacity, std::move(s)).first->second;
+    Slot& out = slots.emplace(b.capacity, std::move(s)).first->second;
+    if (slots.size() == m.buckets.size()) weights.reset();  // no package left to load: free the device memory
+    return out;
   }
 
   // The frame into the shared image input: as it is (frame packages) or preprocessed (image packages).

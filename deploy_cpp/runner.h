@@ -5,7 +5,9 @@
 //   runner.predict({bgr, h, w, row_bytes, depthpack::Order::BGR}, xy, n, depth);   // every frame
 //
 // The manifest is read and verified once; a bucket's package is verified (sha256, its own
-// metadata) and loaded on its first use, and on CUDA its run is captured once in a CUDA graph.
+// metadata) and loaded on its first use, given its constants from the export's weights file
+// (manifest "weights": verified and read once, with the first package), and on CUDA its run is
+// captured once in a CUDA graph.
 // Buffers (pinned host staging, device inputs, outputs) are allocated on first use per bucket and
 // frame size; later calls of the same sizes allocate none of them: copies are asynchronous on the
 // runner's stream with one synchronization at the end. Not thread-safe: one Runner per thread.

@@ -3,6 +3,8 @@
     1. render synthetic scenes and train configs/demo.yaml          (train/train.py)
     2. accuracy of the packed, masked and dense paths, held-out      (python -m depthpack.eval)
     3. export .pt2 packages + ONNX, build the C++ runner, check it   (export/export.py, deploy_cpp/)
+       (on a GPU the packages compile while training runs, from the untrained model: they hold code,
+       not weights, and the export after training gives them the trained weights: --reuse-packages)
     4. latency of masked vs packed (CPU rows; GPU rows on a GPU)     (python -m depthpack.bench)
     5. runs/demo/report.md with the tables, the figures and how long each step took
 
@@ -61,7 +63,7 @@ def run_step(name: str, cmd: list[str], logs: Path, env: dict | None = None) -> 
 
 class Background:
     """A step started now and finished later (its output goes to its log only): on a GPU machine the
-    C++ build overlaps training and the export overlaps evaluation."""
+    C++ build and the packages' compile overlap training, the export overlaps evaluation."""
 
     def __init__(self, name: str, cmd: list[str], logs: Path):
         logs.mkdir(parents=True, exist_ok=True)
@@ -95,8 +97,9 @@ def last_json(log: Path) -> dict:
 
 
 def untrained_checkpoint(config: str, out: Path) -> Path:
-    """The recipe's model, untrained (seeded), as a checkpoint in out: what
-    scripts/gpu_export_timing.sh compiles (compile time depends on the model's shapes, not its weights)."""
+    """The recipe's model, untrained (seeded), as a checkpoint in out: what the GPU demo compiles into
+    packages while training runs, and scripts/gpu_export_timing.sh times (the packages hold code, which
+    depends on the model's shapes, not its weights)."""
     from .core.checkpoint import save_checkpoint
     from .core.config import to_dict
     from .core.model import DepthPack
@@ -195,7 +198,14 @@ def main(argv: list[str] | None = None) -> Path:
         info["recipe"] = f"`{a.config}` with the GPU recipe `{' '.join(GPU_RECIPE).format(out=a.out)}`"
     else:
         info["recipe"] = f"`{a.config}`"
-    cpp_build, binary = None, None
+    cpp_build, binary, compile_early = None, None, None
+    export_dir, untrained_export = out / "export", out / "export_untrained"
+    if cuda and "export" not in a.skip and "train" not in a.skip:
+        # the packages' code, compiled from the untrained model while training runs (no ONNX: that holds
+        # weights); the export after training reuses them with the trained weights
+        untrained = untrained_checkpoint(a.config, out / "untrained")
+        compile_early = Background("compile_packages", [py, "export/export.py", "--checkpoint", str(untrained), "--out",
+                                                        str(untrained_export), "--device", device], logs)
     if "cpp" not in a.skip:
         build_cmd, times["C++ runner configure"] = configure_runner(out / "cpp_build", logs)
         if cuda:
@@ -206,18 +216,23 @@ def main(argv: list[str] | None = None) -> Path:
     if "train" not in a.skip:
         times["train"] = run_step("train", train_cmd, logs)
         info["train"] = last_json(logs / "train.log")
-    export_dir = out / "export"
     export = None
+    if compile_early is not None:
+        times["compile packages (untrained model, during training)"] = compile_early.finish()
     if "export" not in a.skip:
         cmd = [py, "export/export.py", "--checkpoint", str(ckpt), "--out", str(export_dir), "--device", device, "--onnx"]
         cmd += ["--cpp-runner", str(binary)] if binary else []
+        cmd += ["--reuse-packages", str(untrained_export)] if compile_early is not None else []
         if cuda:  # Python loads the packages for the self-check (their C++ runtime is linked in), so the
             export = Background("export", cmd, logs)  # C++ build need not end first
         else:
             times["export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
-        info["export"] = (f"Packages, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the manifest the "
-                          "export ran each package against eager on fresh inputs and on the reference (log: "
-                          f"`{rel_to(logs / 'export.log', out)}`).")
+        info["export"] = (f"Packages, weights, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the "
+                          "manifest the export ran each package against eager on fresh inputs and on the reference (log: "
+                          f"`{rel_to(logs / 'export.log', out)}`)."
+                          + (f" The packages were compiled from the untrained model while training ran "
+                             f"(`{rel_to(untrained_export, out)}`) and given the trained weights (`--reuse-packages`)."
+                             if compile_early is not None else ""))
     if "eval" not in a.skip:
         times["evaluate"] = run_step("evaluate", [py, "-m", "depthpack.eval", "--checkpoint", str(ckpt),
                                                   "--out", str(out / "eval"), "--queries", "16", "64", "256"], logs)
@@ -228,7 +243,8 @@ def main(argv: list[str] | None = None) -> Path:
         times["C++ runner build (during training)"] = cpp_build.finish()
         binary = runner_binary(out / "cpp_build", logs)
     if export is not None:
-        times["export (.pt2 + ONNX, during evaluation)"] = export.finish()
+        times["export (trained weights + ONNX + self-check, during evaluation)" if compile_early is not None
+              else "export (.pt2 + ONNX, during evaluation)"] = export.finish()
     if binary is not None:
         man = export_dir / "manifest.json"
         check = [str(binary), "--manifest", str(man), "--check", str(export_dir / "reference.safetensors"), "--bench", "50"]
@@ -245,7 +261,7 @@ def main(argv: list[str] | None = None) -> Path:
         cmd = [py, "-m", "depthpack.bench", "--checkpoint", str(ckpt), "--device", device, "--out", str(out / "bench"),
                "--seconds", "0.2", "--repeats", "2"]
         if cuda:  # the GPU ladder of the trained model at the two target points; on CPU, the eager rows
-            cmd += ["--batch", "1,8", "--queries", "256,512", "--rows",
+            cmd += ["--pairs", "1x256,8x512", "--cache-dir", str(out / "compile_cache"), "--rows",
                     "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,packed-compile+graph@frames"]
         else:
             cmd += ["--queries", "16,64,256"]

@@ -5,6 +5,7 @@ depthpack.deploy.export. Any refusal or failed check is one line on stderr and e
     python export/export.py --preset tiny --out /tmp/dp_tiny --buckets 8,64 --onnx
     python export/export.py --checkpoint runs/vits --out /tmp/dp_export_vits --device cuda --dtype bfloat16
     python export/export.py --checkpoint runs/vits --out out/cam --device cuda --frame-size 640x480 --frame-format bgr8
+    python export/export.py --checkpoint runs/vits2 --out out/v2 --device cuda --dtype bfloat16 --reuse-packages out/v1
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dynamic-cxx-runtime", action="store_true",
                     help="link the packages against the process's C++ runtime instead of carrying their own "
                          "(which keeps them loadable where another library exports C++ runtime symbols)")
+    ap.add_argument("--weights-in-packages", action="store_true",
+                    help="compile the weights into each package (the older layout) instead of one weights file "
+                         "beside weight-free packages")
+    ap.add_argument("--reuse-packages", default=None, metavar="DIR",
+                    help="take the packages of the earlier export DIR (the same model config, buckets, device, dtype, "
+                         "torch and build; refused otherwise) and give them this checkpoint's weights: no compile")
     ap.add_argument("--frame-size", type=parse_frame_size, default=None, metavar="WxH",
                     help="packages take uint8 camera frames of this size (e.g. 640x480) and preprocess inside "
                          "(resize, channel order, scale); default: float images at the model's size")
@@ -90,7 +97,8 @@ def _main(argv=None) -> int:
                          target=args.target, seed=args.seed, cpp_runner=args.cpp_runner,
                          frame_size=args.frame_size, frame_format=args.frame_format,
                          switches=args.switches, inductor_configs=args.inductor,
-                         static_cxx_runtime=not args.dynamic_cxx_runtime, compile_workers=args.compile_workers)
+                         static_cxx_runtime=not args.dynamic_cxx_runtime, compile_workers=args.compile_workers,
+                         weights_outside=not args.weights_in_packages, reuse_packages=args.reuse_packages)
     summary = export(model, opts, preset, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(summary))
     return 0

@@ -30,6 +30,10 @@ m = json.load(open({manifest!r}))
 b = m["buckets"][0]
 dev = torch.device(m["device"], 0) if m["device"] == "cuda" else torch.device("cpu")
 loader = torch._C._aoti.AOTIModelPackageLoader({pkg!r}, "model", dev.type == "cuda", 1, 0 if dev.type == "cuda" else -1)
+if m.get("weights"):  # weight-free packages: their constants first (contract.WEIGHTS)
+    from safetensors.torch import load_file
+    w = load_file(str(__import__("pathlib").Path({manifest!r}).parent / m["weights"]["file"]), device=str(dev))
+    loader.load_constants({{n: w[n] for n in loader.get_constant_fqns()}}, False, True)
 inputs = [torch.randint(0, 256, t["shape"], dtype=torch.uint8, device=dev) if t["dtype"] == "uint8"
           else torch.rand(t["shape"], device=dev) * 4 for t in b["inputs"]]
 out = loader.run(inputs)[0]

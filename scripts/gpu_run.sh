@@ -88,7 +88,7 @@ if [ "$PART" = final ]; then  # issue 14's one run: make demo on a cold machine,
   if [ -x runs/demo/cpp_build/depthpack_run ]; then export DEPTHPACK_RUN=$PWD/runs/demo/cpp_build/depthpack_run; else build_runner; fi
   TEST_S=${TEST_S:-210} gpu_tests tests
   step "the benchmark's two target points (vits bf16): device tensors and host camera frames"
-  timeout "${BENCH_S:-100}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --batch 1,8 --queries 256,512 \
+  timeout "${BENCH_S:-100}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
     --rows masked-eager,masked-graph,packed-graph,packed-compile+graph,packed-compile+graph@frames \
     --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/targets" 2>&1 | quiet \
     | grep -E '^\| vits .* (256|512) |failed|^\{' | cut -c1-260 | tee -a "$LOG"

@@ -21,3 +21,45 @@ def test_untrained_checkpoint_holds_the_recipes_model(tmp_path):
     model = load_model(d)
     assert model.cfg == load_train_config(DEMO).model_config()
     assert load_model(tmp_path).cfg == model.cfg  # the run folder resolves to it, as export and bench take it
+
+
+def test_gpu_demo_compiles_packages_during_training_and_reuses_them(tmp_path, monkeypatch):
+    """On a GPU the packages compile from the untrained model while training runs (in the background),
+    and the export after training gives them the trained weights (--reuse-packages): the steps'
+    commands and their order, with the steps themselves stubbed."""
+    from depthpack import demo
+
+    events = []
+
+    class FakeBackground:
+        def __init__(self, name, cmd, logs):
+            self.name = name
+            events.append(("start", name, cmd))
+
+        def finish(self):
+            events.append(("finish", self.name, None))
+            return 0.0
+
+    def fake_step(name, cmd, logs, env=None):
+        events.append(("run", name, cmd))
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{name}.log").write_text('{"step": 0}\n')
+        return 0.0
+
+    monkeypatch.setattr(demo.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(demo.torch.cuda, "get_device_name", lambda *a: "a GPU")
+    monkeypatch.setattr(demo, "Background", FakeBackground)
+    monkeypatch.setattr(demo, "run_step", fake_step)
+    demo.main(["--out", str(tmp_path), "--skip", "cpp", "eval"])
+    order = [(kind, name) for kind, name, _ in events]
+    assert order == [("start", "compile_packages"), ("run", "train"), ("finish", "compile_packages"),
+                     ("start", "export"), ("finish", "export"), ("run", "bench")]
+    cmds = {name: cmd for kind, name, cmd in events if cmd}
+    early, export, bench = cmds["compile_packages"], cmds["export"], cmds["bench"]
+    assert early[early.index("--checkpoint") + 1].startswith(str(tmp_path / "untrained")) and "--onnx" not in early
+    assert load_model(tmp_path / "untrained").cfg == load_train_config(DEMO).model_config()
+    assert early[early.index("--out") + 1] == export[export.index("--reuse-packages") + 1]
+    assert export[export.index("--checkpoint") + 1] == str(tmp_path / "train") and "--onnx" in export
+    assert all(r.format(out=tmp_path) in cmds["train"] for r in GPU_RECIPE)
+    assert bench[bench.index("--pairs") + 1] == "1x256,8x512"
+    assert (tmp_path / "report.md").is_file()

@@ -513,6 +513,19 @@ def _csv(kind, what: str, lo: int | None = None):
     return parse
 
 
+def _pairs(text: str) -> list[tuple[int, int]]:
+    """'1x256,8x512' -> [(1, 256), (8, 512)]."""
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        b, x, q = item.partition("x")
+        if not (x and b.isdigit() and q.isdigit() and int(b) >= 1 and int(q) >= 1):
+            raise argparse.ArgumentTypeError(f"{item!r} is not BATCHxQUERIES with positive integers (e.g. 1x256)")
+        out.append((int(b), int(q)))
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one BATCHxQUERIES point")
+    return out
+
+
 def _positive(kind):
     def parse(text: str):
         try:
@@ -534,6 +547,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", type=_csv(str, "dtypes"), default=None, help="comma list: bfloat16,float16,float32")
     ap.add_argument("--batch", type=_csv(int, "integers", 1), default=None, help="comma list of batch sizes (default 1,8; CPU 1)")
     ap.add_argument("--queries", type=_csv(int, "integers", 1), default=None, help="comma list of query counts")
+    ap.add_argument("--pairs", type=_pairs, default=None, metavar="BxQ,...",
+                    help="only these (batch, queries) points, e.g. 1x256,8x512 (instead of --batch x --queries)")
     ap.add_argument("--rows", type=_csv(str, "rows"), default=None,
                     help=f"comma list of rows from {', '.join(ROWS)}; or a group ({', '.join(GROUPS)}); or none")
     ap.add_argument("--out", default="bench_out", help="output folder (bench.json, bench.md, bench.png)")
@@ -573,8 +588,13 @@ def parse_args(argv=None):
     bad = [d for d in args.dtype if d not in ("float32", "bfloat16", "float16")]
     if bad:
         ap.error(f"--dtype {','.join(bad)}: choose from float32, bfloat16, float16")
+    if args.pairs and (args.batch or args.queries):
+        ap.error("--pairs names the (batch, queries) points itself: leave out --batch and --queries")
     args.batch = args.batch or ([1, 8] if cuda else [1])
     args.queries = args.queries or ([16, 64, 256, 1024, 4096] if cuda else [16, 64, 256])
+    # the (batch, [queries]) groups to measure, each one model and Rows set
+    args.groups = ([(b, [q for bb, q in args.pairs if bb == b]) for b in dict.fromkeys(b for b, _ in args.pairs)]
+                   if args.pairs else [(b, list(args.queries)) for b in args.batch])
     rows = args.rows or list(DEFAULT_GPU_ROWS if cuda else DEFAULT_CPU_ROWS)
     rows = [] if rows == ["none"] else rows  # --rows none: only --compile-time / --merge-from
     rows = [name for r in rows for name in GROUPS.get(r, (r,))]
@@ -630,12 +650,12 @@ def main(argv=None) -> dict:
         comp = comp or earlier.get("compile_time")
     done = {(r["preset"], r["dtype"], r["batch"], r["queries"], r["row"]) for r in results if "error" not in r}
     rows = [ROWS[r] for r in args.rows]
-    total = len(args.preset) * len(args.dtype) * len(args.batch) * len(args.queries) * len(rows)
+    total = len(args.preset) * len(args.dtype) * sum(len(qs) for _, qs in args.groups) * len(rows)
     with tqdm(total=total, file=sys.stderr) as bar:
         for preset in args.preset:
             for dt in args.dtype:
-                for b in args.batch:
-                    results += run_group(preset, getattr(torch, dt), b, args.queries, rows, device, args, bar, done)
+                for b, queries in args.groups:
+                    results += run_group(preset, getattr(torch, dt), b, queries, rows, device, args, bar, done)
                     write_outputs(out, info, args, results, comp)  # partial results survive a kill
     if device.type == "cuda":
         info["clocks_after"] = gpu_info(device).get("nvidia_smi")

@@ -4,7 +4,12 @@ One home for it: the exporter (depthpack.deploy.export), the Python loader (dept
 the tests and the C++ runner (deploy_cpp/manifest.h, held to this module by a test) all follow it.
 
 A folder holds manifest.json (FORMAT), one AOTInductor package per bucket (package_name), the
-reference files and optionally ONNX models. Each package runs the packed forward (token selection
+reference files and optionally ONNX models. The packages hold compiled code; their weights are one
+file beside them (WEIGHTS, manifest "weights": {"file", "sha256"}): every constant the packages
+need, named by the package's constant FQNs, in the packages' dtypes, shared by every bucket. A
+runner loads it into each package before the first call (a package run without its constants
+reads unset memory). New weights of the same model need no recompile (the exporter's
+reuse_packages). "weights": null: the weights are compiled into each package. Each package runs the packed forward (token selection
 included) for one bucket K: its inputs are listed by name in the manifest, in call order, each a
 contiguous tensor of a fixed shape and dtype, one of
     images  float32 [B,3,H,W]  RGB in [0,1] at the model's size (manifest "frame": null), or
@@ -31,16 +36,17 @@ import torch
 from ..core.files import sha256_file
 from ..core.preprocess import focal_factor
 
-FORMAT = "depthpack-manifest/2"
+FORMAT = "depthpack-manifest/3"
 MANIFEST = "manifest.json"
 REFERENCE = "reference.safetensors"
 REFERENCE_IMAGE = "reference.png"
 REFERENCE_POINTS = "reference_points.csv"
+WEIGHTS = "weights.safetensors"
 
 # the manifest's keys, in the order the exporter writes them; deploy_cpp/manifest.h lists the same
 REQUIRED_KEYS = ("format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
                  "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
-                 "preprocess", "tolerance", "buckets", "reference")
+                 "preprocess", "tolerance", "buckets", "reference", "weights")
 OPTIONAL_KEYS = ("onnx", "build", "focal")  # build: the fast paths and Inductor settings asked for;
 # focal: {"default": f, "canonical": c, "units": FOCAL_UNITS}, both in pixels of the package's input
 # (frames: the frame; images: the model's image), present when the packages take a "focal" input
@@ -176,6 +182,10 @@ def read_manifest(path: str | Path) -> dict:
     ref = m["reference"]
     _need(isinstance(ref, dict) and _plain_name(ref.get("file")) and _sha256(ref.get("sha256")), w,
           "reference must hold a plain file name and its sha256")
+    weights = m["weights"]
+    _need(weights is None or (isinstance(weights, dict) and _plain_name(weights.get("file"))
+                              and _sha256(weights.get("sha256"))), w,
+          'weights must be null or {"file": plain file name, "sha256": 64 hex digits}')
     onnx = m.get("onnx", [])
     _need(isinstance(onnx, list) and all(isinstance(o, dict) and _pos_int(o.get("bucket")) and _plain_name(o.get("file"))
                                          and _sha256(o.get("sha256")) for o in onnx), w,

@@ -7,8 +7,11 @@ The folder's contract is depthpack.deploy.contract. Steps (a failure at any step
   1. refuse targets this process cannot build for (a .pt2 holds native code for one CPU architecture
      and one GPU compute capability: build it where it runs), and an --out that holds anything but
      an earlier export;
-  2. in a staging folder beside --out: per bucket torch.export -> static-graph check -> AOTInductor;
-     the reference files; optionally ONNX; the manifest;
+  2. in a staging folder beside --out: per bucket torch.export -> static-graph check -> AOTInductor
+     (the packages hold code; the weights go to one file beside them, contract.WEIGHTS), or, with
+     reuse_packages, an earlier export's packages of the same model and build, copied: new weights
+     in minutes-old packages, no compile; the weights file, the reference files, optionally ONNX,
+     the manifest;
   3. the self-check in a child process (depthpack.deploy.selfcheck);
   4. only then the staging folder is swapped in for --out (core.files.publish_dir): a failed or
      killed export leaves the previous export in --out complete and usable.
@@ -32,9 +35,11 @@ from ..core.config import PRESETS, ModelConfig, model_config, to_dict
 from ..core.files import atomic_write_json, publish_dir, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
-                       REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, io_specs, onnx_name, package_name)
+                       REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, WEIGHTS, io_specs, onnx_name, package_name,
+                       read_manifest, verify_file)
 from .onnx import export_onnx
-from .package import ExportError, cast_model, compile_packages, export_program, levers_for, manifest_focal
+from .package import (ExportError, PackedForward, cast_model, check_constants, compile_packages, export_program,
+                      levers_for, manifest_focal, package_constants)
 from .reference import write_reference
 from .selfcheck import find_cpp_runner, self_check
 
@@ -56,6 +61,8 @@ class ExportOptions:
     inductor_configs: dict | None = None  # more Inductor settings for AOTInductor (e.g. combo_kernels)
     switches: dict | None = None  # the model's fast paths in the packages (e.g. {"selection": "count"})
     static_cxx_runtime: bool = True  # link the C++ runtime into each package, hidden (package.compile_package)
+    weights_outside: bool = True  # packages without weights + one weights file (contract.WEIGHTS); False: inside
+    reuse_packages: str | None = None  # an earlier export of the same model and build: its packages, new weights
     compile_workers: int | None = None  # packages compiled at once (None: one per 4 cores, at most one per bucket)
     frame_size: tuple[int, int] | None = None  # (h, w): packages take uint8 camera frames of this size
     frame_format: str = "bgr8"  # with frame_size: the frames' channel order (bgr8 from OpenCV, or rgb8)
@@ -167,7 +174,7 @@ def check_out_dir(out: Path) -> None:
     if not out.is_dir():
         return
     names = {p.name for p in out.iterdir()}
-    ours = {MANIFEST, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, ".tmp_packages", ".manifest.unchecked.json"}
+    ours = {MANIFEST, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, WEIGHTS, ".tmp_packages", ".manifest.unchecked.json"}
     foreign = sorted(n for n in names if n not in ours and not n.startswith(".selfcheck_")
                      and not (n.startswith("depthpack_k") and n.endswith((".pt2", ".onnx"))))
     if foreign and MANIFEST not in names:
@@ -191,7 +198,7 @@ def frame_of(opts: ExportOptions) -> dict | None:
 
 
 def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.device, buckets, bucket_entries,
-                   reference: dict, onnx_entries: list) -> dict:
+                   reference: dict, onnx_entries: list, weights: dict | None = None) -> dict:
     mcfg = to_dict(cfg)
     mcfg["buckets"] = list(buckets)
     mcfg["backbone_weights"] = None
@@ -206,12 +213,42 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[opts.dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
         "build": {"switches": {k: v for k, v in (opts.switches or {}).items() if k != "fused_embed"},
-                  "inductor_configs": dict(opts.inductor_configs or {}), "static_cxx_runtime": opts.static_cxx_runtime},
+                  "inductor_configs": dict(opts.inductor_configs or {}), "static_cxx_runtime": opts.static_cxx_runtime,
+                  "max_autotune": bool(opts.max_autotune)},
     }
     if onnx_entries:
         manifest["onnx"] = [{k: e[k] for k in ("bucket", "file", "sha256")} for e in onnx_entries]
     manifest["reference"] = reference
+    manifest["weights"] = weights
     return manifest
+
+
+# what must agree between an earlier export and this one for its packages to take this model's weights
+REUSE_KEYS = ("model_config", "image_size", "patch_size", "batch_size", "device", "compute_capability", "arch",
+              "dtype", "torch_version", "frame", "focal", "preprocess", "build")
+
+
+def reusable_packages(old: Path, new: dict) -> dict:
+    """The manifest of the earlier export at old, once its packages are known to fit the manifest new
+    would have (REUSE_KEYS: the same model config, buckets, device, dtype, torch, inputs and build) and
+    to keep their weights outside; an ExportError names the first difference."""
+    try:
+        m = read_manifest(old / MANIFEST)
+    except ValueError as e:
+        raise ExportError(f"--reuse-packages {old}: {e}") from None
+    if m["weights"] is None:
+        raise ExportError(f"--reuse-packages {old}: its packages hold their weights (exported with weights inside); "
+                          f"only packages exported with their weights outside can take new ones")
+    for key in REUSE_KEYS:
+        a, b = m.get(key), new.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):  # name the inner key: model_config.depth, say
+                inner = next(k for k in [*a, *b] if a.get(k) != b.get(k))
+                key, a, b = f"{key}.{inner}", a.get(inner), b.get(inner)
+            raise ExportError(f"--reuse-packages {old}: its {key} is {json.dumps(a)[:200]}, this export's is "
+                              f"{json.dumps(b)[:200]}: its packages are not this model's; export without "
+                              f"--reuse-packages")
+    return m
 
 
 def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log=print) -> dict:
@@ -223,6 +260,8 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
         raise ExportError(f"--batch {opts.batch}: must be >= 1")
     if opts.compile_workers is not None and opts.compile_workers < 1:
         raise ExportError(f"--compile-workers {opts.compile_workers}: must be >= 1")
+    if opts.reuse_packages and not opts.weights_outside:
+        raise ExportError("--reuse-packages gives old packages new weights: it needs the weights outside the packages")
     device = resolve_device(opts.device, opts.target)
     if opts.cpp_runner:
         find_cpp_runner(opts.cpp_runner)  # refuse a wrong path now, not after minutes of compiling
@@ -233,9 +272,13 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
     frame_of(opts)  # a bad frame size or format is refused before anything is built
     out = Path(opts.out)
     check_out_dir(out)
+    reused = None
+    if opts.reuse_packages:  # refused now, before anything is built, when the packages do not fit
+        reused = reusable_packages(Path(opts.reuse_packages), build_manifest(model.cfg, preset, opts, device, buckets,
+                                                                             [], {}, []))
     staged = staging_dir(out)
     try:
-        summary = _build(model, opts, preset, device, buckets, onnx_buckets, staged, log)
+        summary = _build(model, opts, preset, device, buckets, onnx_buckets, staged, log, reused)
         publish_dir(staged, out)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
@@ -244,27 +287,69 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
     return summary
 
 
-def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_buckets, out: Path, log) -> dict:
+def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_buckets, out: Path, log,
+           reused: dict | None = None) -> dict:
     deployed = cast_model(model, DTYPES[opts.dtype], device, opts.switches)
     frame = frame_of(opts)
     g = torch.Generator().manual_seed(opts.seed)
+    weights = package_constants(PackedForward(deployed, buckets[0], frame)) if opts.weights_outside else None
+    times: dict = {"export_s": {}, "compile_s": {}}
+    t_all = time.perf_counter()
+    if reused is not None:
+        entries = _copy_packages(Path(opts.reuse_packages), reused, out, log)
+        inductor_configs = dict(reused["build"]["inductor_configs"])
+    else:
+        entries, inductor_configs = _compile(deployed, opts, device, buckets, frame, g, weights, out, times, log)
+    weights_entry = None
+    if weights is not None:
+        from safetensors.torch import save_file
+
+        save_file(weights, str(out / WEIGHTS))
+        weights_entry = {"file": WEIGHTS, "sha256": sha256_file(out / WEIGHTS)}
+        log(f"weights: {len(weights)} tensors, {(out / WEIGHTS).stat().st_size / 1e6:.1f} MB -> {WEIGHTS}")
+    reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device, frame)
+    onnx_entries = []
+    for k in onnx_buckets:
+        t0 = time.perf_counter()
+        e = export_onnx(model, k, opts.batch, out / onnx_name(k), g, frame)
+        times.setdefault("onnx_s", {})[k] = round(time.perf_counter() - t0, 2)
+        log(f"ONNX bucket {k}: {e['exporter']} exporter, onnxruntime vs eager max |diff| {e['max_abs_diff']:.2e} m")
+        onnx_entries.append(e)
+    manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries, weights_entry)
+    atomic_write_json(out / MANIFEST, manifest, sort_keys=False)
+    t0 = time.perf_counter()
+    log("self-check: loading the packages in a child process (python -m depthpack.runtime.aoti --check)")
+    report = self_check(deployed, out / MANIFEST, buckets, opts.batch, device, g, opts.check_timeout_s,
+                        opts.cpp_runner, log, frame)
+    times["check_s"] = round(time.perf_counter() - t0, 2)
+    times["total_s"] = round(time.perf_counter() - t_all, 2)
+    log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")
+    check = {k: report[k] for k in ("checker", "buckets", "reference", "load_s", "python_loader") if k in report}
+    return {"device": str(device), "dtype": opts.dtype, "buckets": list(buckets), "torch": torch.__version__,
+            "times": times, "check": check, "switches": deployed.switches(), "inductor_configs": inductor_configs,
+            "onnx": [{k: e[k] for k in ("bucket", "exporter", "max_abs_diff")} for e in onnx_entries]}
+
+
+def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g, weights, out: Path, times: dict,
+             log) -> tuple[list[dict], dict]:
+    """Per bucket: torch.export, the static-graph check, AOTInductor; (manifest entries, Inductor settings)."""
     cc = "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     inductor_configs, dropped = levers_for(cc if device.type == "cuda" else "cpu", opts.inductor_configs or {})
     if dropped:
         log(f"left out for this target (sm_{(cc or 'cpu').replace('.', '')}): {', '.join(dropped)} (Hopper only)")
     inductor_configs["max_autotune"] = bool(opts.max_autotune)
-    times: dict = {"export_s": {}, "compile_s": {}}
     entries, jobs = [], []
-    t_all = time.perf_counter()
     for k in tqdm(buckets, desc=f"torch.export {device.type} {opts.dtype}", unit="bucket", file=sys.stderr):
         t0 = time.perf_counter()
         ep = export_program(deployed, k, opts.batch, device, g, frame)
+        if weights is not None:
+            check_constants(ep, weights, k)
         times["export_s"][k] = round(time.perf_counter() - t0, 2)
         inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame, deployed.cfg.uses_focal)
         path = out / package_name(k)
         jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k,
                      "metadata": {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))},
-                     "static_cxx_runtime": opts.static_cxx_runtime})
+                     "static_cxx_runtime": opts.static_cxx_runtime, "weights_outside": weights is not None})
         entries.append({"bucket": k, "file": path.name, "inputs": inputs, "outputs": outputs})
     workers = opts.compile_workers if opts.compile_workers is not None else max(1, min(len(jobs), (os.cpu_count() or 1) // 4))
     bar = tqdm(total=len(jobs), desc=f"AOTInductor {device.type} {opts.dtype} ({workers} at once)", unit="package",
@@ -278,25 +363,16 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     bar.close()
     for e in entries:
         e["sha256"] = sha256_file(out / e["file"])
-    entries = [{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries]
-    reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device, frame)
-    onnx_entries = []
-    for k in onnx_buckets:
-        t0 = time.perf_counter()
-        e = export_onnx(model, k, opts.batch, out / onnx_name(k), g, frame)
-        times.setdefault("onnx_s", {})[k] = round(time.perf_counter() - t0, 2)
-        log(f"ONNX bucket {k}: {e['exporter']} exporter, onnxruntime vs eager max |diff| {e['max_abs_diff']:.2e} m")
-        onnx_entries.append(e)
-    manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries)
-    atomic_write_json(out / MANIFEST, manifest, sort_keys=False)
-    t0 = time.perf_counter()
-    log("self-check: loading the packages in a child process (python -m depthpack.runtime.aoti --check)")
-    report = self_check(deployed, out / MANIFEST, buckets, opts.batch, device, g, opts.check_timeout_s,
-                        opts.cpp_runner, log, frame)
-    times["check_s"] = round(time.perf_counter() - t0, 2)
-    times["total_s"] = round(time.perf_counter() - t_all, 2)
-    log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")
-    check = {k: report[k] for k in ("checker", "buckets", "reference", "load_s", "python_loader") if k in report}
-    return {"device": str(device), "dtype": opts.dtype, "buckets": list(buckets), "torch": torch.__version__,
-            "times": times, "check": check, "switches": deployed.switches(), "inductor_configs": inductor_configs,
-            "onnx": [{k: e[k] for k in ("bucket", "exporter", "max_abs_diff")} for e in onnx_entries]}
+    return [{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries], inductor_configs
+
+
+def _copy_packages(old: Path, manifest: dict, out: Path, log) -> list[dict]:
+    """The earlier export's packages, each checked against its manifest's sha256, copied into out."""
+    for b in manifest["buckets"]:
+        try:
+            verify_file(old / b["file"], b["sha256"], "package")
+        except ValueError as e:
+            raise ExportError(f"--reuse-packages {old}: {e}") from None
+        shutil.copyfile(old / b["file"], out / b["file"])
+    log(f"packages of {old} reused ({', '.join(b['file'] for b in manifest['buckets'])}): no compile")
+    return [dict(b) for b in manifest["buckets"]]

@@ -121,14 +121,41 @@ def export_program(model: DepthPack, k: int, batch: int, device, g: torch.Genera
     return ep
 
 
+# A package without its weights: compiled code whose constants a runner loads (contract.WEIGHTS).
+# always_keep_tensor_constants: Inductor otherwise inlines small constants (a bias of one element,
+# say) into the code, where new weights could never reach them.
+WEIGHTS_OUTSIDE = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True}
+
+
+def package_constants(forward: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of the exported module by the name the package gives its constant (the module's
+    parameter and buffer FQNs), contiguous on the CPU, in the module's dtypes: the weights file."""
+    named = [*forward.named_parameters(), *forward.named_buffers()]
+    return {name: t.detach().to("cpu").contiguous() for name, t in named}
+
+
+def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.Tensor], bucket: int) -> None:
+    """Each constant of the program must be in the weights file with its shape and dtype: an ExportError
+    names the first that is not (a lifted constant the module does not name, say)."""
+    for name, t in {**ep.state_dict, **ep.constants}.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        w = weights.get(name)
+        if w is None or w.shape != t.shape or w.dtype != t.dtype:
+            raise ExportError(f"bucket {bucket}: the program's constant {name} {t.dtype} {list(t.shape)} is not in the "
+                              f"weights file as such ({'missing' if w is None else f'{w.dtype} {list(w.shape)}'}); "
+                              f"export with weights inside the packages (--weights-in-packages)")
+
+
 def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_configs: dict | None = None,
-                    metadata: dict[str, str] | None = None, static_cxx_runtime: bool = False) -> Path:
+                    metadata: dict[str, str] | None = None, static_cxx_runtime: bool = False,
+                    weights_outside: bool = False) -> Path:
     """AOTInductor-compile the program into the .pt2 at path, with metadata (strings) stored in the
     package itself (the exporter stages the whole folder and swaps it in at the end, so a half-written
     package is never under a folder a runner reads). static_cxx_runtime: link the C++ runtime into the
     package's library, hidden (static_runtime_compiler), so its C++ symbols cannot bind to another
-    copy in the loading process."""
-    configs = dict(inductor_configs or {})
+    copy in the loading process. weights_outside: the package holds no weights (WEIGHTS_OUTSIDE)."""
+    configs = {**(WEIGHTS_OUTSIDE if weights_outside else {}), **(inductor_configs or {})}
     if metadata:
         configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), **metadata}
     if static_cxx_runtime:
@@ -139,7 +166,7 @@ def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_confi
 
 def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
     """Compile several exported programs into packages: jobs of compile_package's arguments ("ep",
-    "path", "inductor_configs", "metadata", "static_cxx_runtime"). With workers > 1 they compile in
+    "path", "inductor_configs", "metadata", "static_cxx_runtime", "weights_outside"). With workers > 1 they compile in
     that many spawned processes at once (each program saved with torch.export.save and loaded there):
     AOTInductor's C++ compile of one package uses one core. on_done(job, seconds) as each finishes."""
     import time
@@ -148,7 +175,7 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
         for job in jobs:
             t0 = time.perf_counter()
             compile_package(job["ep"], job["path"], job.get("inductor_configs"), job.get("metadata"),
-                            job.get("static_cxx_runtime", False))
+                            job.get("static_cxx_runtime", False), job.get("weights_outside", False))
             if on_done:
                 on_done(job, time.perf_counter() - t0)
         return
@@ -175,7 +202,7 @@ def _compile_saved(job: dict) -> float:
     t0 = time.perf_counter()
     ep = torch.export.load(job["ep_file"])
     compile_package(ep, Path(job["path"]), job.get("inductor_configs"), job.get("metadata"),
-                    job.get("static_cxx_runtime", False))
+                    job.get("static_cxx_runtime", False), job.get("weights_outside", False))
     return time.perf_counter() - t0
 
 

@@ -52,6 +52,24 @@ def load_package(path: str | Path, device: torch.device):
     return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", run_single_threaded, 1, _device_index(device))
 
 
+def load_weights(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """The export's weights file (contract.WEIGHTS; safetensors, nothing unpickled) on the device."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path), device=str(device))
+
+
+def attach_weights(loader, weights: dict[str, torch.Tensor], package: str, weights_file: str) -> None:
+    """Load the constants the package names into it: a package run without them reads unset memory,
+    so a constant the file lacks is a ValueError before the first call."""
+    names = loader.get_constant_fqns()
+    missing = [n for n in names if n not in weights]
+    if missing:
+        raise ValueError(f"weights {weights_file} lack {len(missing)} constant(s) that package {package} needs "
+                         f"({', '.join(missing[:3])}): the weights are not this export's; re-export")
+    loader.load_constants({n: weights[n] for n in names}, False, True)  # (map, use_inactive, check_full_update)
+
+
 def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
     """fn(images [B,3,H,W] f32, points [B,K,2] f32[, focal [B] f32]) -> depth [B,K] f32 on the
     package's device: the manifest entry's inputs in call order.
@@ -155,8 +173,8 @@ def load_runners(manifest_path: str | Path, device: str | torch.device,
                  probe: bool = True) -> tuple[dict, dict[int, Runner]]:
     """(manifest, {bucket K: fn(images [B,3,H,W], points [B,K,2]) -> depth [B,K]}).
 
-    Every package's sha256 is checked against the manifest before anything is loaded (a clear
-    ValueError on a missing or changed file), then the device, architecture and torch version, then
+    Every package's sha256 (and the weights file's) is checked against the manifest before anything
+    is loaded (a clear ValueError on a missing or changed file), then the device, architecture and torch version, then
     (probe=True) loading is tried in a child process first, so a crashing loader raises here.
     """
     manifest = read_manifest(manifest_path)
@@ -166,11 +184,14 @@ def load_runners(manifest_path: str | Path, device: str | torch.device,
     root = Path(manifest_path).parent
     for b in manifest["buckets"]:
         verify_file(root / b["file"], b["sha256"], "package")
+    if manifest["weights"] is not None:
+        verify_file(root / manifest["weights"]["file"], manifest["weights"]["sha256"], "weights")
     check_device(manifest, device)
     if (probe_loading(manifest_path, device) if probe else "plain") == "cxx_global":
         promote_cxx_runtime()
     if device.type == "cuda":
         torch.cuda.init()
+    weights = load_weights(root / manifest["weights"]["file"], device) if manifest["weights"] is not None else None
     runners: dict[int, Runner] = {}
     for b in manifest["buckets"]:
         loader = load_package(root / b["file"], device)
@@ -179,6 +200,8 @@ def load_runners(manifest_path: str | Path, device: str | torch.device,
         if key != manifest["device"]:
             raise ValueError(f"package {b['file']} holds code for {key}, the manifest says {manifest['device']}")
         check_package_metadata(meta, b)
+        if weights is not None:
+            attach_weights(loader, weights, b["file"], manifest["weights"]["file"])
         runners[int(b["bucket"])] = _make_runner(loader, b, device)
     return manifest, dict(sorted(runners.items()))
 
@@ -295,7 +318,11 @@ def _probe(manifest_path: str, device: str | None = None) -> dict:
     device = torch.device(device or manifest["device"])
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
-    loader = load_package(Path(manifest_path).parent / bucket["file"], device)
+    root = Path(manifest_path).parent
+    loader = load_package(root / bucket["file"], device)
+    if manifest["weights"] is not None:  # a package run without its constants reads unset memory
+        attach_weights(loader, load_weights(root / manifest["weights"]["file"], device), bucket["file"],
+                       manifest["weights"]["file"])
     scale = {"points": 4.0, "focal": manifest["focal"]["default"] if manifest.get("focal") else 0.0}
     inputs = [torch.randint(0, 256, t["shape"], dtype=torch.uint8, device=device) if t["dtype"] == "uint8"
               else torch.rand(t["shape"], device=device) * scale.get(t["name"], 1.0) for t in bucket["inputs"]]

@@ -347,6 +347,19 @@ def _corrupt_with_sha(d: Path) -> None:
     _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=sha))
 
 
+def _weights_without(d: Path, name: str) -> None:
+    """The weights file without one constant, its sha256 updated: only the package can tell."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    w = load_file(str(d / "weights.safetensors"))
+    del w[name]
+    save_file(w, str(d / "weights.safetensors"))
+    sha = hashlib.sha256((d / "weights.safetensors").read_bytes()).hexdigest()
+    _edit_manifest(d, lambda m: m["weights"].update(sha256=sha))
+
+
 def _set_metadata(pt2: Path, meta: dict) -> str:
     """Set (or, with None, remove) keys of a package's own metadata (the file Inductor's
     aot_inductor.metadata config writes, which AOTIModelPackageLoader::get_metadata reads); returns
@@ -423,8 +436,14 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     "manifest without buckets": (lambda d: _edit_manifest(d, lambda m: m.pop("buckets")), None, [], ['missing key "buckets"']),
     "manifest shapes": (lambda d: _edit_manifest(d, lambda m: m.update(image_size=[32, 64])), None, [], ["shape", "differs"]),
     "missing manifest": (lambda d: (d / "manifest.json").unlink(), None, [], ["manifest", "cannot be read"]),
-    "manifest format": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/1")), None, [], ["not a depthpack-manifest/2", "re-export"]),
+    "manifest format": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/1")), None, [], ["not a depthpack-manifest/3", "re-export"]),
     "manifest file path": (lambda d: _edit_manifest(d, lambda m: m["buckets"][0].update(file="../x.pt2")), None, [], ["plain file name"]),
+    # the weights beside the weight-free packages
+    "tampered weights": (lambda d: _flip_byte(d / "weights.safetensors"), None, [], ["weights.safetensors", "sha256", "does not match"]),
+    "missing weights": (lambda d: (d / "weights.safetensors").unlink(), None, [], ["weights", "cannot be read"]),
+    "weights path": (lambda d: _edit_manifest(d, lambda m: m["weights"].update(file="../w.safetensors")), None, [], ['"weights" must be null or']),
+    "weights lack a constant": (lambda d: _weights_without(d, "model.head.mlp.3.bias"), None, [],
+                                ['lacks constant "model.head.mlp.3.bias"', "depthpack_k16.pt2", "re-export"]),
     "unknown input name": (lambda d: _edit_manifest(d, lambda m: m["buckets"][0]["inputs"][1].update(name="depth_hint")), None, [], ['"depth_hint"', "not one this runner can feed"]),
     "other arch": (lambda d: _edit_manifest(d, lambda m: m.update(arch="aarch64" if m["arch"] != "aarch64" else "x86_64")), None, [], ["built for", "export on this machine"]),
     "other torch": (lambda d: _edit_manifest(d, lambda m: m.update(torch_version="2.9.0+cu128")), None, [], ["built with torch 2.9.0+cu128", "libtorch", "tied to the torch"]),

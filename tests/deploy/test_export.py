@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = (8, 64)
 SPEC_KEYS = {"format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
              "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
-             "tolerance", "buckets", "onnx", "reference", "frame", "build"}  # written out, independently of the contract
+             "tolerance", "buckets", "onnx", "reference", "frame", "build", "weights"}  # written out, independently of the contract
 
 
 def _cli():
@@ -61,7 +61,7 @@ def fresh_inputs(k: int, seed: int, batch: int = 1):
 def test_manifest_keys_values_and_hashes(exported):
     m, out = exported.manifest, exported.out
     assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx", "build"}
-    assert m["format"] == FORMAT == "depthpack-manifest/2" and m["preset"] == "tiny"
+    assert m["format"] == FORMAT == "depthpack-manifest/3" and m["preset"] == "tiny"
     assert m["image_size"] == [64, 64] and m["patch_size"] == 8 and m["batch_size"] == 1
     assert m["device"] == "cpu" and m["compute_capability"] is None and m["arch"] == platform.machine()
     assert m["dtype"] == "float32" and m["torch_version"] == torch.__version__
@@ -83,8 +83,9 @@ def test_manifest_keys_values_and_hashes(exported):
     ref = m["reference"]
     assert sha256_file(out / ref["file"]) == ref["sha256"]
     assert (out / ref["image"]).is_file() and (out / ref["points_csv"]).is_file()
+    assert m["weights"]["file"] == "weights.safetensors" and sha256_file(out / "weights.safetensors") == m["weights"]["sha256"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json", "reference.png", "reference_points.csv", "reference.safetensors"]
+        ["manifest.json", "reference.png", "reference_points.csv", "reference.safetensors", "weights.safetensors"]
         + [f"depthpack_k{k}.{ext}" for k in BUCKETS for ext in ("pt2", "onnx")])  # nothing else, no staging
     assert not list(out.parent.glob(f".{out.name}.*"))  # the staging folder is gone
     assert read_manifest(out / "manifest.json") == m
@@ -492,3 +493,96 @@ def test_packages_carry_their_own_cxx_runtime(exported, tmp_path):
     needed = subprocess.run([readelf, "-d", str(tmp_path / so)], capture_output=True, text=True).stdout
     assert "NEEDED" in needed and "libstdc++" not in needed, needed
     assert exported.manifest["build"]["static_cxx_runtime"] is True
+
+
+# ---- weights outside the packages -----------------------------------------------------------------
+def test_reuse_packages_takes_new_weights_without_a_compile(exported, tmp_path):
+    """A retrained model of the same config: the earlier export's packages, byte for byte, run the NEW
+    weights (equal to its eager forward, unequal to the old model's) and nothing is compiled."""
+    new_model, preset = load_for_export(preset="tiny", seed=7)
+    out = tmp_path / "v2"
+    summary = export(new_model, ExportOptions(out=str(out), buckets=BUCKETS, reuse_packages=str(exported.out)),
+                     preset, log=lambda m: None)
+    assert summary["times"]["compile_s"] == {} and summary["check"]["reference"]["ok"]
+    m = json.loads((out / "manifest.json").read_text())
+    for b, old in zip(m["buckets"], exported.manifest["buckets"]):
+        assert b["sha256"] == old["sha256"] and (out / b["file"]).read_bytes() == (exported.out / b["file"]).read_bytes()
+    assert m["weights"]["sha256"] != exported.manifest["weights"]["sha256"]
+    _, runners = load_runners(out / "manifest.json", "cpu")
+    for k, fn in runners.items():
+        images, points = fresh_inputs(k, seed=300 + k)
+        got = fn(images, points)
+        with torch.no_grad():
+            want, old = new_model.forward_packed(images, points, k), exported.model.forward_packed(images, points, k)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert (got - old).abs().max() > 1e-2  # the weights really changed
+
+
+@pytest.mark.parametrize("opts, preset_seed, message", [
+    ({"dtype": "bfloat16"}, 0, "its dtype is \"float32\", this export's is \"bfloat16\""),
+    ({"buckets": (8,)}, 0, "its model_config.buckets is \\[8, 64\\], this export's is \\[8\\]"),
+    ({"batch": 2}, 0, "its batch_size is 1"),
+    ({"switches": {"selection": "count"}}, 0, "its build.switches"),
+])
+def test_reuse_packages_of_another_model_or_build_is_refused(exported, tmp_path, opts, preset_seed, message):
+    model, preset = load_for_export(preset="tiny", seed=preset_seed)
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match=message):
+        export(model, ExportOptions(out=str(out), **{"buckets": BUCKETS, **opts}, reuse_packages=str(exported.out)),
+               preset, log=lambda m: None)
+    assert not out.exists()
+
+
+def test_reuse_packages_refusals(exported, tmp_path):
+    model, preset = load_for_export(preset="tiny", seed=0)
+    d = tmp_path / "inside"
+    shutil.copytree(exported.out, d)
+    m = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps(dict(m, weights=None)))
+    with pytest.raises(ExportError, match="hold their weights"):
+        export(model, ExportOptions(out=str(tmp_path / "a"), buckets=BUCKETS, reuse_packages=str(d)), preset)
+    with pytest.raises(ExportError, match="no such file"):
+        export(model, ExportOptions(out=str(tmp_path / "a"), buckets=BUCKETS, reuse_packages=str(tmp_path / "none")), preset)
+    with pytest.raises(ExportError, match="needs the weights outside"):
+        export(model, ExportOptions(out=str(tmp_path / "a"), buckets=BUCKETS, weights_outside=False,
+                                    reuse_packages=str(exported.out)), preset)
+    (d / "manifest.json").write_text(json.dumps(m))
+    (d / "depthpack_k64.pt2").write_bytes(b"changed")
+    with pytest.raises(ExportError, match="sha256 mismatch"):
+        export(model, ExportOptions(out=str(tmp_path / "a"), buckets=BUCKETS, reuse_packages=str(d)), preset)
+    assert not (tmp_path / "a").exists()
+
+
+def test_weights_file_tampered_or_lacking_a_constant_is_refused(exported, tmp_path):
+    from safetensors.torch import save_file
+
+    d = tmp_path / "w"
+    shutil.copytree(exported.out, d)
+    weights = load_file(str(d / "weights.safetensors"))
+    first = next(iter(weights))
+    weights[first] = weights[first] + 1
+    save_file(weights, str(d / "weights.safetensors"))
+    with pytest.raises(ValueError, match="weights .*sha256 mismatch"):
+        load_runners(d / "manifest.json", "cpu")
+    name = "model.head.mlp.3.bias"  # a one-element bias: kept a constant, not inlined into the code
+    del weights[name]
+    save_file(weights, str(d / "weights.safetensors"))
+    m = json.loads((d / "manifest.json").read_text())
+    m["weights"]["sha256"] = sha256_file(d / "weights.safetensors")
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=f"lack 1 constant.*depthpack_k8.pt2.*{name}"):
+        load_runners(d / "manifest.json", "cpu", probe=False)
+
+
+@pytest.mark.slow
+def test_weights_inside_the_packages_is_the_switch_off(tmp_path):
+    """--weights-in-packages: the older layout (no weights file, "weights": null) still exports and runs."""
+    model, preset = load_for_export(preset="tiny", seed=0)
+    out = tmp_path / "inside"
+    export(model, ExportOptions(out=str(out), buckets=(8,), weights_outside=False), preset, log=lambda m: None)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["weights"] is None and not (out / "weights.safetensors").exists()
+    _, runners = load_runners(out / "manifest.json", "cpu")
+    images, points = fresh_inputs(8, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(runners[8](images, points), model.forward_packed(images, points, 8), atol=1e-4, rtol=1e-4)

@@ -45,6 +45,7 @@ def real_manifest(frame: dict | None = None, focal: dict | None = None) -> dict:
         "onnx": [{"bucket": k, "file": onnx_name(k), "sha256": SHA} for k in (8, 64)],
         "reference": {"file": "reference.safetensors", "sha256": SHA, "image": "reference.png",
                       "points_csv": "reference_points.csv"},
+        "weights": {"file": "weights.safetensors", "sha256": SHA},
     }
 
 
@@ -68,9 +69,13 @@ def satisfies_contract(m: dict) -> None:
                              and focal["units"] == FOCAL_UNITS)
     ks = [b["bucket"] for b in m["buckets"]]
     assert ks and ks == sorted(set(ks)) and all(pos(k, (H // p) * (W // p)) for k in ks)
-    files = [b["file"] for b in m["buckets"]] + [m["reference"]["file"]] + [o["file"] for o in m.get("onnx", [])]
+    weights = m["weights"]
+    assert weights is None or set(weights) >= {"file", "sha256"}
+    files = ([b["file"] for b in m["buckets"]] + [m["reference"]["file"]] + [o["file"] for o in m.get("onnx", [])]
+             + ([weights["file"]] if weights else []))
     assert all(isinstance(f, str) and f and f not in (".", "..") and "/" not in f and "\\" not in f for f in files)
-    shas = [b["sha256"] for b in m["buckets"]] + [m["reference"]["sha256"]] + [o["sha256"] for o in m.get("onnx", [])]
+    shas = ([b["sha256"] for b in m["buckets"]] + [m["reference"]["sha256"]] + [o["sha256"] for o in m.get("onnx", [])]
+            + ([weights["sha256"]] if weights else []))
     assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in shas)
     for b in m["buckets"]:
         assert set(BUCKET_KEYS) <= set(b)
@@ -139,6 +144,8 @@ def _check(tmp_path_factory, doc) -> None:
 @example(None, [(("torch_version",), "set", 5)], None)
 @example(None, [(("buckets", 0, "inputs"), "set", 5)], None)
 @example(None, [(("reference", "file"), "set", "../../etc/passwd")], None)
+@example(None, [(("weights", "file"), "set", "../../etc/passwd")], None)
+@example(None, [(("weights",), "drop", None)], None)
 @example(None, [(("tolerance", "atol"), "set", float("nan"))], None)
 @example(None, [(("image_size",), "set", [10**9, 10**9])], None)
 @example(None, [(("patch_size",), "set", 0)], None)
