@@ -7,6 +7,7 @@
 #                                                # the kernel profile
 #   PART=dev OUT=DIR bash scripts/gpu_run.sh     # the package-loading diagnosis and the GPU tests
 #   PART=tests OUT=DIR bash scripts/gpu_run.sh   # every GPU test (pytest -m gpu -n 8), about 3.5 minutes
+#   PART=demo OUT=DIR bash scripts/gpu_run.sh    # make demo alone, cold caches
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -79,12 +80,19 @@ if [ "$PART" = tests ]; then  # every GPU test in one run, nothing else
   TEST_S=${TEST_S:-200} gpu_tests tests
 fi
 
-if [ "$PART" = final ]; then  # issue 14's one run: make demo on a cold machine, every GPU test, the two target points
+demo() {  # make demo on a cold machine (no compile cache), as a new user meets it; the report into $W/demo
   step "make demo (the GPU recipe), cold compile caches, as a new user meets it"
   rm -rf runs/demo
   timeout "${DEMO_S:-230}" make demo >"$W/logs/demo.log" 2>&1; echo "make demo exit $?" | tee -a "$LOG"
   grep -E "^=== .*done in|demo:|report:" "$W/logs/demo.log" | tee -a "$LOG"
-  [ -d runs/demo ] && cp -r runs/demo "$W/demo" && rm -rf "$W/demo/scenes"
+  mkdir -p "$W/demo" && [ -d runs/demo ] && (cd runs/demo && cp -r --parents report.md logs eval bench selection.png \
+    export/manifest.json "$W/demo/" 2>/dev/null)
+}
+
+if [ "$PART" = demo ]; then demo; fi
+
+if [ "$PART" = final ]; then  # issue 14's one run: make demo on a cold machine, every GPU test, the two target points
+  demo
   if [ -x runs/demo/cpp_build/depthpack_run ]; then export DEPTHPACK_RUN=$PWD/runs/demo/cpp_build/depthpack_run; else build_runner; fi
   TEST_S=${TEST_S:-210} gpu_tests tests
   step "the benchmark's two target points (vits bf16): device tensors and host camera frames"
