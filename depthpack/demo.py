@@ -198,21 +198,15 @@ def main(argv: list[str] | None = None) -> Path:
         info["recipe"] = f"`{a.config}` with the GPU recipe `{' '.join(GPU_RECIPE).format(out=a.out)}`"
     else:
         info["recipe"] = f"`{a.config}`"
-    cpp_build, binary, compile_early, bench_early = None, None, None, None
-    export_dir, untrained_export, compile_cache = out / "export", out / "export_untrained", out / "compile_cache"
-    bench_cmd = [py, "-m", "depthpack.bench", "--device", device, "--pairs", "1x256,8x512", "--cache-dir", str(compile_cache)]
-    if cuda and "train" not in a.skip and not {"export", "bench"} <= set(a.skip):
-        # compiled while training runs, from the untrained model (the code depends on the model's shapes,
-        # not its weights): the packages (no ONNX: that holds weights), which the export after training
-        # reuses with the trained weights, and the benchmark's compiled graphs, into its compile cache
+    cpp_build, binary, compile_early = None, None, None
+    export_dir, untrained_export = out / "export", out / "export_untrained"
+    if cuda and "export" not in a.skip and "train" not in a.skip:
+        # the packages' code, compiled from the untrained model while training runs (no ONNX: that holds
+        # weights); the export after training reuses them with the trained weights. (Not the benchmark's
+        # graphs too: on 16 cores that slowed training and this compile more than it saved the benchmark.)
         untrained = untrained_checkpoint(a.config, out / "untrained")
-        if "export" not in a.skip:
-            compile_early = Background("compile_packages", [py, "export/export.py", "--checkpoint", str(untrained),
-                                                            "--out", str(untrained_export), "--device", device], logs)
-        if "bench" not in a.skip:
-            bench_early = Background("compile_bench", bench_cmd + [
-                "--checkpoint", str(untrained), "--out", str(out / "bench_untrained"), "--seconds", "0.01",
-                "--repeats", "1", "--rows", "packed-compile+graph,packed-compile+graph@frames"], logs)
+        compile_early = Background("compile_packages", [py, "export/export.py", "--checkpoint", str(untrained), "--out",
+                                                        str(untrained_export), "--device", device], logs)
     if "cpp" not in a.skip:
         build_cmd, times["C++ runner configure"] = configure_runner(out / "cpp_build", logs)
         if cuda:
@@ -224,8 +218,6 @@ def main(argv: list[str] | None = None) -> Path:
         times["train"] = run_step("train", train_cmd, logs)
         info["train"] = last_json(logs / "train.log")
     export = None
-    if bench_early is not None:
-        times["compile the benchmark's graphs (untrained model, during training)"] = bench_early.finish()
     if compile_early is not None:
         times["compile packages (untrained model, during training)"] = compile_early.finish()
     if "export" not in a.skip:
@@ -267,12 +259,13 @@ def main(argv: list[str] | None = None) -> Path:
             times["C++ runner parity"] = run_step("cpp_check", check, logs)  # a build without OpenCV
         info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
     if "bench" not in a.skip:
+        cmd = [py, "-m", "depthpack.bench", "--checkpoint", str(ckpt), "--device", device, "--out", str(out / "bench"),
+               "--seconds", "0.2", "--repeats", "2"]
         if cuda:  # the GPU ladder of the trained model at the two target points; on CPU, the eager rows
-            cmd = bench_cmd + ["--rows", "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,"
-                                         "packed-compile+graph@frames"]
+            cmd += ["--pairs", "1x256,8x512", "--cache-dir", str(out / "compile_cache"), "--rows",
+                    "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,packed-compile+graph@frames"]
         else:
-            cmd = [py, "-m", "depthpack.bench", "--device", device, "--queries", "16,64,256"]
-        cmd += ["--checkpoint", str(ckpt), "--out", str(out / "bench"), "--seconds", "0.2", "--repeats", "2"]
+            cmd += ["--queries", "16,64,256"]
         times["latency benchmark"] = run_step("bench", cmd, logs)
     info["wall_s"] = time.perf_counter() - t_start
     report = write_report(out, times, info)
