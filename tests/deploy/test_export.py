@@ -516,6 +516,12 @@ def test_reuse_packages_takes_new_weights_without_a_compile(exported, tmp_path):
             want, old = new_model.forward_packed(images, points, k), exported.model.forward_packed(images, points, k)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         assert (got - old).abs().max() > 1e-2  # the weights really changed
+    # in place: the folder's own packages, copied into the staging folder before it replaces them
+    before = {b["file"]: b["sha256"] for b in m["buckets"]}
+    export(exported.model, ExportOptions(out=str(out), buckets=BUCKETS, reuse_packages=str(out)), preset, log=lambda m: None)
+    m = json.loads((out / "manifest.json").read_text())
+    assert {b["file"]: b["sha256"] for b in m["buckets"]} == before
+    assert m["weights"]["sha256"] == exported.manifest["weights"]["sha256"]  # the first model's weights again
 
 
 @pytest.mark.parametrize("opts, preset_seed, message", [
