@@ -205,9 +205,11 @@ else
   # a 28x28 tensor image and two points.
   printf 'not a .pt2 package\n' >"$Q/depthpack_k8.pt2"
   SHA=$(sha256sum "$Q/depthpack_k8.pt2" | cut -d' ' -f1)
+  # the format the runner reads (deploy_cpp/manifest.h, held to the contract by a test)
+  FORMAT=$(sed -n 's/.*kFormat = "\(.*\)";.*/\1/p' "$ROOT/deploy_cpp/manifest.h")
   manifest() {  # arch device
     cat <<EOF
-{"format": "depthpack-manifest/2", "preset": null, "model_config": {}, "image_size": [28, 28], "patch_size": 14,
+{"format": "$FORMAT", "preset": null, "model_config": {}, "image_size": [28, 28], "patch_size": 14,
  "batch_size": 1, "device": "$2", "compute_capability": $([ "$2" = cuda ] && echo '"8.7"' || echo null),
  "arch": "$1", "dtype": "float32", "torch_version": "$VERSION", "min_depth": 0.1, "max_depth": 20.0,
  "frame": null, "preprocess": {}, "tolerance": {"atol": 0.001, "rtol": 0.001},
@@ -215,7 +217,7 @@ else
               "inputs": [{"name": "images", "shape": [1, 3, 28, 28], "dtype": "float32"},
                          {"name": "points", "shape": [1, 8, 2], "dtype": "float32"}],
               "outputs": [{"name": "depth", "shape": [1, 8], "dtype": "float32"}]}],
- "reference": {"file": "reference.safetensors", "sha256": "$SHA"}}
+ "reference": {"file": "reference.safetensors", "sha256": "$SHA"}, "weights": null}
 EOF
   }
   manifest x86_64 cpu >"$Q/manifest_x86_64.json"
