@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include "mini_json.h"
 
@@ -126,55 +127,64 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-// 8-byte little-endian header length, JSON header, data.
-Safetensors::Safetensors(const fs::path& path) : path_(path), bytes_(read_file(path, "safetensors", kImageCap)) {
-  const std::string w = "safetensors " + path.string();
-  if (bytes_.size() < 8) throw Error(w + ": too short for a safetensors file");
+std::pair<Value, uint64_t> safetensors_header(const std::string& bytes, const std::string& where) {
+  if (bytes.size() < 8) throw Error(where + ": too short for a safetensors file");
   uint64_t n = 0;
-  for (int k = 7; k >= 0; --k) n = (n << 8) | uint8_t(bytes_[k]);
-  if (n > bytes_.size() - 8) throw Error(w + ": header length " + std::to_string(n) + " exceeds the file");
+  for (int k = 7; k >= 0; --k) n = (n << 8) | uint8_t(bytes[k]);
+  if (n > bytes.size() - 8) throw Error(where + ": header length " + std::to_string(n) + " exceeds the file");
+  Value header;
   try {
-    if (minijson::parse(bytes_.substr(8, n)).kind != Value::Kind::Object) throw std::runtime_error("not an object");
+    header = minijson::parse(bytes.substr(8, n));
   } catch (const std::runtime_error& e) {
-    throw Error(w + ": header: " + e.what());
+    throw Error(where + ": header: " + e.what());
   }
-  data_start_ = 8 + n;
+  if (header.kind != Value::Kind::Object) throw Error(where + ": header: not a JSON object");
+  return {std::move(header), 8 + n};
 }
 
-bool Safetensors::has(const std::string& name) const {
-  return minijson::parse(bytes_.substr(8, data_start_ - 8)).find(name) != nullptr;
-}
-
-Tensor Safetensors::get(const std::string& name) const {
-  const std::string w = "safetensors " + path_.string() + ": tensor \"" + name + "\"";
-  Value header = minijson::parse(bytes_.substr(8, data_start_ - 8));
-  const Value* t = header.find(name);
-  if (!t || t->kind != Value::Kind::Object) throw Error(w + " is missing");
-  const Value *dtype = t->find("dtype"), *shape = t->find("shape"), *off = t->find("data_offsets");
-  if (!dtype || dtype->kind != Value::Kind::String || (dtype->string != "F32" && dtype->string != "U8"))
-    throw Error(w + ": dtype must be F32 or U8");
-  Tensor out;
-  out.dtype = dtype->string;
-  auto ints = [&](const Value* v) {
+TensorSlice safetensors_slice(const Value& entry, const std::string& where, uint64_t avail,
+                              uint64_t (*item_size)(const std::string& dtype), const std::string& allowed) {
+  const Value* dtype = entry.kind == Value::Kind::Object ? entry.find("dtype") : nullptr;
+  const uint64_t item = dtype && dtype->kind == Value::Kind::String ? item_size(dtype->string) : 0;
+  if (!item) throw Error(where + ": dtype must be " + allowed);
+  auto ints = [&](const char* key) {
+    const Value* v = entry.find(key);
     std::vector<int64_t> r;
-    if (!v || v->kind != Value::Kind::Array) throw Error(w + ": malformed shape or data_offsets");
+    if (!v || v->kind != Value::Kind::Array) throw Error(where + ": malformed shape or data_offsets");
     for (const Value& x : v->array) {
       if (x.kind != Value::Kind::Number || x.number < 0 || x.number != std::floor(x.number) || x.number > 1e12)
-        throw Error(w + ": malformed shape or data_offsets");
+        throw Error(where + ": malformed shape or data_offsets");
       r.push_back(int64_t(x.number));
     }
     return r;
   };
-  out.shape = ints(shape);
-  auto o = ints(off);
-  const uint64_t item = out.dtype == "F32" ? 4 : 1, avail = bytes_.size() - data_start_;
-  uint64_t numel = 1;
-  for (int64_t s : out.shape) numel = std::min(avail + 1, numel * std::min(avail + 1, uint64_t(s)));  // no overflow
-  if (o.size() != 2 || o[0] > o[1] || uint64_t(o[1]) > avail || uint64_t(o[1] - o[0]) != numel * item)
-    throw Error(w + " has inconsistent data_offsets");
-  const char* data = bytes_.data() + data_start_ + o[0];
-  if (item == 4) out.f32.resize(numel), std::memcpy(out.f32.data(), data, numel * 4);
-  else out.u8.assign(data, data + numel);
+  TensorSlice out{dtype->string, ints("shape"), 0, 0};
+  const std::vector<int64_t> o = ints("data_offsets");
+  uint64_t numel = 1;  // saturates above the data area: no overflow, and then no match below
+  for (int64_t s : out.shape) numel = s && numel > (avail + 1) / uint64_t(s) ? avail + 1 : numel * uint64_t(s);
+  out.size = numel * item;
+  if (o.size() != 2 || o[0] > o[1] || uint64_t(o[1]) > avail || uint64_t(o[1] - o[0]) != out.size)
+    throw Error(where + " has inconsistent data_offsets");
+  out.offset = uint64_t(o[0]);
+  return out;
+}
+
+Safetensors::Safetensors(const fs::path& path) : path_(path), bytes_(read_file(path, "safetensors", kImageCap)) {
+  std::tie(header_, data_start_) = safetensors_header(bytes_, "safetensors " + path.string());
+}
+
+bool Safetensors::has(const std::string& name) const { return header_.find(name) != nullptr; }
+
+Tensor Safetensors::get(const std::string& name) const {
+  const std::string w = "safetensors " + path_.string() + ": tensor \"" + name + "\"";
+  const Value* t = header_.find(name);
+  if (!t || t->kind != Value::Kind::Object) throw Error(w + " is missing");
+  auto f32_or_u8 = [](const std::string& d) -> uint64_t { return d == "F32" ? 4 : d == "U8" ? 1 : 0; };
+  const TensorSlice s = safetensors_slice(*t, w, bytes_.size() - data_start_, f32_or_u8, "F32 or U8");
+  Tensor out{s.dtype, s.shape, {}, {}};
+  const char* data = bytes_.data() + data_start_ + s.offset;
+  if (s.dtype == "F32") out.f32.resize(s.size / 4), std::memcpy(out.f32.data(), data, s.size);
+  else out.u8.assign(data, data + s.size);
   return out;
 }
 

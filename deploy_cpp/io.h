@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "manifest.h"
+#include "mini_json.h"
 
 #ifdef DEPTHPACK_WITH_OPENCV
 #include <opencv2/core.hpp>
@@ -47,6 +48,20 @@ struct Tensor {
   std::vector<uint8_t> u8;
   int64_t numel() const;
 };
+// safetensors bytes: 8-byte little-endian header length, a JSON object header, the data area. The
+// header and where the data area starts, or an Error "WHERE: ..." (where: "safetensors PATH", say).
+std::pair<minijson::Value, uint64_t> safetensors_header(const std::string& bytes, const std::string& where);
+// One header entry, checked against a data area of avail bytes: its dtype one that item_size takes
+// (bytes per element, 0: not taken; the error says "dtype must be " + allowed), shape and
+// data_offsets non-negative integers, the data inside the area and numel * item size long.
+struct TensorSlice {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0, size = 0;  // in the data area
+};
+TensorSlice safetensors_slice(const minijson::Value& entry, const std::string& where, uint64_t avail,
+                              uint64_t (*item_size)(const std::string& dtype), const std::string& allowed);
+
 class Safetensors {
  public:
   explicit Safetensors(const fs::path& path);
@@ -56,7 +71,8 @@ class Safetensors {
  private:
   fs::path path_;
   std::string bytes_;
-  size_t data_start_ = 0;
+  minijson::Value header_;
+  uint64_t data_start_ = 0;
 };
 // RGB images must be finite and in [0, 1]: an Error naming how many values are not.
 void check_unit_range(const std::vector<float>& v, const std::string& where);

@@ -4,7 +4,6 @@
 #include <torch/cuda.h>
 
 #include <bit>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -48,7 +47,6 @@ std::optional<at::ScalarType> scalar_type(const std::string& dtype) {
 static_assert(std::endian::native == std::endian::little, "safetensors weights need a little-endian host");
 
 Weights load_weights(const WeightsFile& file, c10::Device device) {
-  using minijson::Value;
   const std::string w = "weights " + file.file.string();
   const std::string bytes = io::read_file(file.file, "weights", io::kWeightsCap);
   // the bytes that are parsed are the bytes that are hashed: checked before anything is read out
@@ -56,47 +54,19 @@ Weights load_weights(const WeightsFile& file, c10::Device device) {
   sha.update(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
   if (const std::string got = sha.hex(); got != file.sha256)
     throw Error(w + ": sha256 " + got + " does not match the manifest's " + file.sha256 + " (corrupt or modified; re-export)");
-  // 8-byte little-endian header length, JSON header, data
-  if (bytes.size() < 8) throw Error(w + ": too short for a safetensors file");
-  uint64_t n = 0;
-  for (int k = 7; k >= 0; --k) n = (n << 8) | uint8_t(bytes[k]);
-  if (n > bytes.size() - 8) throw Error(w + ": header length " + std::to_string(n) + " exceeds the file");
-  Value header;
-  try {
-    header = minijson::parse(bytes.substr(8, n));
-  } catch (const std::runtime_error& e) {
-    throw Error(w + ": header: " + e.what());
-  }
-  if (header.kind != Value::Kind::Object) throw Error(w + ": header: not a JSON object");
-  const char* data = bytes.data() + 8 + n;
-  const uint64_t avail = bytes.size() - 8 - n;
+  const auto [header, data_start] = io::safetensors_header(bytes, w);
+  const char* data = bytes.data() + data_start;
+  auto item_size = [](const std::string& d) -> uint64_t {
+    const std::optional<at::ScalarType> t = scalar_type(d);
+    return t ? c10::elementSize(*t) : 0;
+  };
   Weights out;
   for (const auto& [name, t] : header.object) {
     if (name == "__metadata__") continue;
-    const std::string wt = w + ": tensor \"" + name + "\"";
-    const Value* dtype = t.kind == Value::Kind::Object ? t.find("dtype") : nullptr;
-    const std::optional<at::ScalarType> type =
-        dtype && dtype->kind == Value::Kind::String ? scalar_type(dtype->string) : std::nullopt;
-    if (!type) throw Error(wt + ": dtype must be one of BF16, F16, F32, F64, I64, I32, I16, I8, U8, BOOL");
-    auto ints = [&](const char* key) {
-      const Value* v = t.find(key);
-      std::vector<int64_t> r;
-      if (!v || v->kind != Value::Kind::Array) throw Error(wt + ": malformed shape or data_offsets");
-      for (const Value& x : v->array) {
-        if (x.kind != Value::Kind::Number || x.number < 0 || x.number != std::floor(x.number) || x.number > 1e12)
-          throw Error(wt + ": malformed shape or data_offsets");
-        r.push_back(int64_t(x.number));
-      }
-      return r;
-    };
-    const std::vector<int64_t> shape = ints("shape"), o = ints("data_offsets");
-    uint64_t numel = 1;  // saturates above the data area: no overflow, and then no match below
-    for (int64_t s : shape) numel = s && numel > (avail + 1) / uint64_t(s) ? avail + 1 : numel * uint64_t(s);
-    const uint64_t size = numel * c10::elementSize(*type);
-    if (o.size() != 2 || o[0] > o[1] || uint64_t(o[1]) > avail || uint64_t(o[1] - o[0]) != size)
-      throw Error(wt + " has inconsistent data_offsets");
-    at::Tensor cpu = at::empty(shape, at::TensorOptions().dtype(*type));
-    if (size) std::memcpy(cpu.data_ptr(), data + o[0], size);
+    const io::TensorSlice s = io::safetensors_slice(t, w + ": tensor \"" + name + "\"", bytes.size() - data_start, item_size,
+                                                    "one of BF16, F16, F32, F64, I64, I32, I16, I8, U8, BOOL");
+    at::Tensor cpu = at::empty(s.shape, at::TensorOptions().dtype(*scalar_type(s.dtype)));
+    if (s.size) std::memcpy(cpu.data_ptr(), data + s.offset, s.size);
     out.emplace(name, cpu.to(device));
   }
   return out;

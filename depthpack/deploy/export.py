@@ -295,11 +295,15 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     weights = package_constants(PackedForward(deployed, buckets[0], frame)) if opts.weights_outside else None
     times: dict = {"export_s": {}, "compile_s": {}}
     t_all = time.perf_counter()
-    if reused is not None:
+    cc = "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    inductor_configs, dropped = levers_for(cc if device.type == "cuda" else "cpu", opts.inductor_configs or {})
+    inductor_configs["max_autotune"] = bool(opts.max_autotune)
+    if reused is not None:  # the same build (reusable_packages): these settings are the packages' own
         entries = _copy_packages(Path(opts.reuse_packages), reused, out, log)
-        inductor_configs = dict(reused["build"]["inductor_configs"])
     else:
-        entries, inductor_configs = _compile(deployed, opts, device, buckets, frame, g, weights, out, times, log)
+        if dropped:
+            log(f"left out for this target (sm_{(cc or 'cpu').replace('.', '')}): {', '.join(dropped)} (Hopper only)")
+        entries = _compile(deployed, opts, device, buckets, frame, g, weights, inductor_configs, out, times, log)
     weights_entry = None
     if weights is not None:
         from safetensors.torch import save_file
@@ -330,14 +334,9 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
             "onnx": [{k: e[k] for k in ("bucket", "exporter", "max_abs_diff")} for e in onnx_entries]}
 
 
-def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g, weights, out: Path, times: dict,
-             log) -> tuple[list[dict], dict]:
-    """Per bucket: torch.export, the static-graph check, AOTInductor; (manifest entries, Inductor settings)."""
-    cc = "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
-    inductor_configs, dropped = levers_for(cc if device.type == "cuda" else "cpu", opts.inductor_configs or {})
-    if dropped:
-        log(f"left out for this target (sm_{(cc or 'cpu').replace('.', '')}): {', '.join(dropped)} (Hopper only)")
-    inductor_configs["max_autotune"] = bool(opts.max_autotune)
+def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g, weights, inductor_configs: dict,
+             out: Path, times: dict, log) -> list[dict]:
+    """Per bucket: torch.export, the static-graph check, AOTInductor; the manifest entries."""
     entries, jobs = [], []
     for k in tqdm(buckets, desc=f"torch.export {device.type} {opts.dtype}", unit="bucket", file=sys.stderr):
         t0 = time.perf_counter()
@@ -363,7 +362,7 @@ def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g
     bar.close()
     for e in entries:
         e["sha256"] = sha256_file(out / e["file"])
-    return [{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries], inductor_configs
+    return [{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries]
 
 
 def _copy_packages(old: Path, manifest: dict, out: Path, log) -> list[dict]:
