@@ -24,7 +24,6 @@ tb/ (TensorBoard, only where the tensorboard package is installed).
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
@@ -50,6 +49,7 @@ from ..eval.evaluate import quick_eval
 from .config import TrainConfig, draw_q, dump_yaml  # noqa: F401  (draw_q: the host stream's Q, re-exported)
 from .device_data import DeviceScenes, device_stream
 from .losses import SiLogLoss
+from .step import TrainStep, check_graph_config, plain_lr_state
 
 LOG_FIELDS = ["step", "loss", "silog", "distill", "lr", "q", "bucket", "grad_norm", "imgs_per_s", "elapsed_s",
               "data_ms", "compute_ms"]
@@ -432,7 +432,8 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         import torch._dynamo as dynamo
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(mcfg.buckets))
         step_fn = torch.compile(runner, dynamic=False)
-    use_amp = cfg.amp and d.device.type == "cuda"
+    check_graph_config(cfg.graph, d.device, scenes is not None, d.world)
+    train_step = TrainStep(step_fn, model, opt, cfg.grad_clip, cfg.amp, d.device, graph=cfg.graph)
     log = RunLog(out, start_step, d.main)
     bar = None
     if d.main and cfg.progress:
@@ -470,12 +471,7 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         if first:
             _sync(d.device)
             t_first = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext():
-            loss, silog, distill = step_fn(images, points, target, valid, bucket, extra, focal)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        opt.step()
+        loss, silog, distill, gnorm = train_step(images, points, target, valid, bucket, extra, focal)
         sched.step()
         timer.step_done(timed=not first and step > skip)
         if first:
@@ -528,7 +524,8 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         summary["stopped_early"] = stopped
     summary["throughput"] = timer.summary(cfg.batch_size * d.world, step - start_step, wall, first_step_s,
                                           data_path="device" if scenes is not None else "host",
-                                          data_setup_s=round(data_setup_s, 2), compile=cfg.compile,
+                                          data_setup_s=round(data_setup_s, 2), compile=cfg.compile, graph=cfg.graph,
+                                          graph_capture_s=train_step.capture_s,
                                           scenes=len(train_set), batch_size=cfg.batch_size)
     if d.world > 1:
         summary["backend"] = dist.get_backend()
@@ -627,7 +624,8 @@ def _ranks_in_sync(model: nn.Module) -> bool:
 
 
 def _save(out: Path, step: int, model: DepthPack, opt, sched, cfg: TrainConfig, d: Dist, stored_cfg: dict) -> None:
-    state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": ckpt.rng_state(),
+    opt_state, sched_state = plain_lr_state(opt.state_dict(), sched.state_dict())
+    state = {"step": step, "optimizer": opt_state, "scheduler": sched_state, "rng": ckpt.rng_state(),
              "world_size": d.world, "data": {"seed": cfg.seed, "position": step, "batch_size": cfg.batch_size}}
     ckpt.save_checkpoint(out, step, model, state, stored_cfg, keep=cfg.keep_checkpoints)
 

@@ -39,7 +39,7 @@ def measure(config: str, overrides: list[str], batches: list[int], seconds: floa
         result["runs"].append({"steps": s["step"], "process_s": round(time.perf_counter() - t0, 1), **s["throughput"]})
         mcfg = cfg.model_config()
         result.update(img_size=list(mcfg.img_size), patches=mcfg.num_patches, embed_dim=mcfg.embed_dim, depth=mcfg.depth,
-                      amp=cfg.amp and torch.cuda.is_available(), compile=cfg.compile)
+                      amp=cfg.amp and torch.cuda.is_available(), compile=cfg.compile, graph=cfg.graph)
         if out:
             atomic_write_json(out, result)
         print(json.dumps(result["runs"][-1]), flush=True)

@@ -2,6 +2,7 @@
 determinism and exact resume, the throughput split in the summary, max_time_s, compile."""
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -208,3 +209,70 @@ def test_device_path_on_cuda(store, tmp_path):
     t = s["throughput"]
     assert t["clock"] == "cuda events" and t["timed_steps"] > 0 and t["imgs_per_s"] > 0 and s["device"].startswith("cuda")
     assert 0 < t["data_ms"] and 0 < t["compute_ms"]
+
+
+def test_graph_step_refuses_where_it_cannot_run(tmp_path):
+    from depthpack.train import train
+    from depthpack.train.step import check_graph_config
+
+    with pytest.raises(ValueError, match="needs a CUDA device, not cpu"):
+        train(tiny_cfg(tmp_path, f"data.cache_dir={tmp_path / 'cache'}", *DEV, "device=cpu", "graph=true"))
+    cuda = torch.device("cuda", 0)  # the checks read the device's type only: no GPU needed
+    with pytest.raises(ValueError, match="needs data.device_cache=true"):
+        check_graph_config(True, cuda, device_data=False, world=1)
+    with pytest.raises(ValueError, match="runs one process; this run has 2"):
+        check_graph_config(True, cuda, device_data=True, world=2)
+    check_graph_config(False, torch.device("cpu"), device_data=False, world=2)  # off: nothing to check
+
+
+def test_checkpoints_hold_learning_rates_as_floats_whatever_the_optimizer_holds():
+    from depthpack.train.step import plain_lr_state
+
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([{"params": [p], "lr": torch.tensor(0.01)}], foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
+    o, s = plain_lr_state(opt.state_dict(), sched.state_dict())
+    assert o["param_groups"][0]["lr"] == pytest.approx(0.005) and type(o["param_groups"][0]["lr"]) is float
+    assert all(type(v) is float for v in s["base_lrs"] + s["_last_lr"])
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # the live optimizer is untouched
+    assert torch.load(io.BytesIO(_saved({"o": o, "s": s})), weights_only=True)["o"]["param_groups"][0]["lr"] == o["param_groups"][0]["lr"]
+
+
+def _saved(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.gpu
+def test_graph_step_equals_eager_and_resumes(tmp_path):
+    """Each bucket's step replayed from a CUDA graph trains as the eager step does (float32, two
+    buckets interleaved: warm-up, capture, replays), and a graph run killed and resumed ends where
+    the uninterrupted one does."""
+    from depthpack.train import train
+
+    common = [f"data.cache_dir={tmp_path / 'cache'}", *DEV, "device=cuda", "amp=false", "steps=24", "queries=[5,12]",
+              "ckpt_every=12", "log_every=1"]
+    eager = train(tiny_cfg(tmp_path / "eager", *common))
+    graph = train(tiny_cfg(tmp_path / "graph", *common, "graph=true"))
+    assert graph["throughput"]["graph"] and set(graph["throughput"]["graph_capture_s"]) == {8, 16}
+    la = [float(r.split(",")[1]) for r in (tmp_path / "eager" / "log.csv").read_text().splitlines()[1:]]
+    lb = [float(r.split(",")[1]) for r in (tmp_path / "graph" / "log.csv").read_text().splitlines()[1:]]
+    assert len(la) == 24 and la == pytest.approx(lb, rel=1e-4, abs=1e-6)
+    a, b = weights(tmp_path / "eager"), weights(tmp_path / "graph")
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
+    assert eager["val"]["abs_rel"] == pytest.approx(graph["val"]["abs_rel"], rel=1e-3)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_17(step, info):
+        if step == 17:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(tiny_cfg(tmp_path / "part", *common, "graph=true"), hook=kill_at_17)
+    resumed = train(tiny_cfg(tmp_path / "part", *common, "graph=true", "resume=true"))
+    assert resumed["resumed_from"] == 12 and resumed["step"] == 24
+    c = weights(tmp_path / "part")
+    assert all(torch.allclose(b[k], c[k], rtol=1e-4, atol=1e-5) for k in b)
