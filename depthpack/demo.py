@@ -2,10 +2,11 @@
 
     1. render synthetic scenes and train configs/demo.yaml          (train/train.py)
     2. accuracy of the packed, masked and dense paths, held-out      (python -m depthpack.eval)
-    3. export .pt2 packages + ONNX, build the C++ runner, check it   (export/export.py, deploy_cpp/)
-       (on a GPU the packages compile while training runs, from the untrained model: they hold code,
-       not weights, and the export after training gives them the trained weights: --reuse-packages)
-    4. latency of masked vs packed (CPU rows; GPU rows on a GPU)     (python -m depthpack.bench)
+    3. latency of masked vs packed (CPU rows; GPU rows on a GPU)     (python -m depthpack.bench)
+    4. export .pt2 packages + ONNX, build the C++ runner, check it   (export/export.py, deploy_cpp/)
+       (on a GPU the packages compile from the start, from the untrained model, in the background at
+       low priority: they hold code, not weights, and the export after training gives them the
+       trained weights: --reuse-packages)
     5. runs/demo/report.md with the tables, the figures and how long each step took
 
 Each step runs the same command a user would type, as a child process whose output is shown and
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # steps, batch and learning rate, with the scenes rendered once by every core into a store and held on
 # the GPU, batches and query points made there (depthpack.train.device_data). Its accuracy is the CPU
 # recipe's; its step costs the GPU's launches, not the host's sampling. {out}: the demo's folder.
-GPU_RECIPE = ["threads=0", "data.cache_dir={out}/scenes", "data.device_cache=true", "ckpt_every=2300", "eval_every=0"]
+GPU_RECIPE = ["threads=0", "graph=true", "data.cache_dir={out}/scenes", "data.device_cache=true", "ckpt_every=2300", "eval_every=0"]
 
 
 class StepFailed(RuntimeError):
@@ -61,9 +62,13 @@ def run_step(name: str, cmd: list[str], logs: Path, env: dict | None = None) -> 
     return dt
 
 
+BACKGROUND_NICE = 10  # the background steps' priority: the measured foreground steps keep their cores
+
+
 class Background:
-    """A step started now and finished later (its output goes to its log only): on a GPU machine the
-    C++ build and the packages' compile overlap training, the export overlaps evaluation."""
+    """A step started now and finished later (its output goes to its log only), at low priority (its
+    child processes inherit it): on a GPU machine the packages' compile and the C++ build run from the
+    start, beside training, evaluation and the benchmark."""
 
     def __init__(self, name: str, cmd: list[str], logs: Path):
         logs.mkdir(parents=True, exist_ok=True)
@@ -72,7 +77,8 @@ class Background:
         self.t0 = time.perf_counter()
         self._f = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._f, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=lambda: os.nice(BACKGROUND_NICE))
 
     def finish(self) -> float:
         rc = self.proc.wait()
@@ -109,6 +115,29 @@ def untrained_checkpoint(config: str, out: Path) -> Path:
     torch.manual_seed(cfg.seed)
     mcfg = cfg.model_config()
     return save_checkpoint(out, 0, DepthPack(mcfg), {}, {"model": to_dict(mcfg), "train": to_dict(cfg)})
+
+
+def evaluate(ckpt: Path, out: Path, logs: Path, skip: list[str], times: dict[str, float]) -> None:
+    """Accuracy of the packed, masked and dense paths on held-out scenes, and the selection figure."""
+    if "eval" in skip:
+        return
+    times["evaluate"] = run_step("evaluate", [sys.executable, "-m", "depthpack.eval", "--checkpoint", str(ckpt),
+                                              "--out", str(out / "eval"), "--queries", "16", "64", "256"], logs)
+    t0 = time.perf_counter()
+    selection_png(ckpt, out)
+    times["selection figure"] = time.perf_counter() - t0
+
+
+def bench(ckpt: Path, out: Path, logs: Path, device: str) -> float:
+    """Latency of masked vs packed: on a GPU the ladder at the two target points, on a CPU the eager rows."""
+    cmd = [sys.executable, "-m", "depthpack.bench", "--checkpoint", str(ckpt), "--device", device, "--out",
+           str(out / "bench"), "--seconds", "0.2", "--repeats", "2"]
+    if device == "cuda":
+        cmd += ["--pairs", "1x256,8x512", "--cache-dir", str(out / "compile_cache"), "--rows",
+                "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,packed-compile+graph@frames"]
+    else:
+        cmd += ["--queries", "16,64,256"]
+    return run_step("bench", cmd, logs)
 
 
 def configure_runner(build_dir: Path, logs: Path) -> tuple[list[str], float]:
@@ -191,7 +220,7 @@ def main(argv: list[str] | None = None) -> Path:
     times: dict[str, float] = {}
     ckpt = out / "train"
 
-    # on a GPU machine: the GPU recipe; the C++ build overlaps training, the export overlaps evaluation
+    # on a GPU machine: the GPU recipe; the packages and the C++ runner compile in the background
     train_cmd = [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"]
     if cuda:
         train_cmd += [r.format(out=out) for r in GPU_RECIPE]
@@ -201,9 +230,9 @@ def main(argv: list[str] | None = None) -> Path:
     cpp_build, binary, compile_early = None, None, None
     export_dir, untrained_export = out / "export", out / "export_untrained"
     if cuda and "export" not in a.skip and "train" not in a.skip:
-        # the packages' code, compiled from the untrained model while training runs (no ONNX: that holds
-        # weights); the export after training reuses them with the trained weights. (Not the benchmark's
-        # graphs too: on 16 cores that slowed training and this compile more than it saved the benchmark.)
+        # the packages' code, compiled from the untrained model while training, evaluation and the
+        # benchmark run (no ONNX: that holds weights); the export after them reuses the packages with the
+        # trained weights
         untrained = untrained_checkpoint(a.config, out / "untrained")
         compile_early = Background("compile_packages", [py, "export/export.py", "--checkpoint", str(untrained), "--out",
                                                         str(untrained_export), "--device", device], logs)
@@ -217,35 +246,31 @@ def main(argv: list[str] | None = None) -> Path:
     if "train" not in a.skip:
         times["train"] = run_step("train", train_cmd, logs)
         info["train"] = last_json(logs / "train.log")
-    export = None
+    # the evaluation and the benchmark need only the checkpoint: on a GPU they run while the packages
+    # and the C++ runner still compile (at low priority, so the measured steps keep their cores)
+    evaluate(ckpt, out, logs, a.skip, times)
+    if "bench" not in a.skip:
+        times["latency benchmark" + (" (packages and C++ runner compiling, nice 10)" if compile_early or cpp_build else "")] = \
+            bench(ckpt, out, logs, device)
     if compile_early is not None:
-        times["compile packages (untrained model, during training)"] = compile_early.finish()
+        times["compile packages (untrained model, from the start, nice 10)"] = compile_early.finish()
     if "export" not in a.skip:
         cmd = [py, "export/export.py", "--checkpoint", str(ckpt), "--out", str(export_dir), "--device", device, "--onnx"]
         cmd += ["--cpp-runner", str(binary)] if binary else []
         cmd += ["--reuse-packages", str(untrained_export)] if compile_early is not None else []
-        if cuda:  # Python loads the packages for the self-check (their C++ runtime is linked in), so the
-            export = Background("export", cmd, logs)  # C++ build need not end first
-        else:
-            times["export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
+        # on a GPU Python loads the packages for the self-check (their C++ runtime is linked in), so the
+        # C++ build need not end first
+        times["export (trained weights + ONNX + self-check)" if compile_early is not None
+              else "export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
         info["export"] = (f"Packages, weights, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the "
                           "manifest the export ran each package against eager on fresh inputs and on the reference (log: "
                           f"`{rel_to(logs / 'export.log', out)}`)."
                           + (f" The packages were compiled from the untrained model while training ran "
                              f"(`{rel_to(untrained_export, out)}`) and given the trained weights (`--reuse-packages`)."
                              if compile_early is not None else ""))
-    if "eval" not in a.skip:
-        times["evaluate"] = run_step("evaluate", [py, "-m", "depthpack.eval", "--checkpoint", str(ckpt),
-                                                  "--out", str(out / "eval"), "--queries", "16", "64", "256"], logs)
-        t0 = time.perf_counter()
-        selection_png(ckpt, out)
-        times["selection figure"] = time.perf_counter() - t0
     if cpp_build is not None:
-        times["C++ runner build (during training)"] = cpp_build.finish()
+        times["C++ runner build (from the start, nice 10)"] = cpp_build.finish()
         binary = runner_binary(out / "cpp_build", logs)
-    if export is not None:
-        times["export (trained weights + ONNX + self-check, during evaluation)" if compile_early is not None
-              else "export (.pt2 + ONNX, during evaluation)"] = export.finish()
     if binary is not None:
         man = export_dir / "manifest.json"
         check = [str(binary), "--manifest", str(man), "--check", str(export_dir / "reference.safetensors"), "--bench", "50"]
@@ -258,15 +283,6 @@ def main(argv: list[str] | None = None) -> Path:
                 raise
             times["C++ runner parity"] = run_step("cpp_check", check, logs)  # a build without OpenCV
         info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
-    if "bench" not in a.skip:
-        cmd = [py, "-m", "depthpack.bench", "--checkpoint", str(ckpt), "--device", device, "--out", str(out / "bench"),
-               "--seconds", "0.2", "--repeats", "2"]
-        if cuda:  # the GPU ladder of the trained model at the two target points; on CPU, the eager rows
-            cmd += ["--pairs", "1x256,8x512", "--cache-dir", str(out / "compile_cache"), "--rows",
-                    "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,packed-compile+graph@frames"]
-        else:
-            cmd += ["--queries", "16,64,256"]
-        times["latency benchmark"] = run_step("bench", cmd, logs)
     info["wall_s"] = time.perf_counter() - t_start
     report = write_report(out, times, info)
     print(f"\nreport: {report}")

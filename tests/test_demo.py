@@ -9,7 +9,7 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
 
 def test_gpu_recipe_is_the_cpu_recipe_on_the_device_data_path(tmp_path):
     cfg = load_train_config(DEMO, [r.format(out=tmp_path) for r in GPU_RECIPE])
-    assert cfg.data.device_cache and cfg.data.cache_dir == f"{tmp_path}/scenes"
+    assert cfg.data.device_cache and cfg.data.cache_dir == f"{tmp_path}/scenes" and cfg.graph
     cpu = load_train_config(DEMO)
     # the same optimisation as the CPU recipe, so the same accuracy is expected of it
     assert (cfg.steps, cfg.batch_size, cfg.lr, cfg.warmup_steps) == (cpu.steps, cpu.batch_size, cpu.lr, cpu.warmup_steps)
@@ -24,9 +24,9 @@ def test_untrained_checkpoint_holds_the_recipes_model(tmp_path):
 
 
 def test_gpu_demo_compiles_packages_during_training_and_reuses_them(tmp_path, monkeypatch):
-    """On a GPU the packages compile from the untrained model while training runs (in the background),
-    and the export after training gives them the trained weights (--reuse-packages): the steps'
-    commands and their order, with the steps themselves stubbed."""
+    """On a GPU the packages compile from the untrained model in the background from the start, while
+    training, evaluation and the benchmark run; the export after them gives the packages the trained
+    weights (--reuse-packages): the steps' commands and their order, with the steps themselves stubbed."""
     from depthpack import demo
 
     events = []
@@ -50,10 +50,11 @@ def test_gpu_demo_compiles_packages_during_training_and_reuses_them(tmp_path, mo
     monkeypatch.setattr(demo.torch.cuda, "get_device_name", lambda *a: "a GPU")
     monkeypatch.setattr(demo, "Background", FakeBackground)
     monkeypatch.setattr(demo, "run_step", fake_step)
-    demo.main(["--out", str(tmp_path), "--skip", "cpp", "eval"])
+    monkeypatch.setattr(demo, "selection_png", lambda ckpt, out: events.append(("run", "selection", None)))
+    demo.main(["--out", str(tmp_path), "--skip", "cpp"])
     order = [(kind, name) for kind, name, _ in events]
-    assert order == [("start", "compile_packages"), ("run", "train"), ("finish", "compile_packages"),
-                     ("start", "export"), ("finish", "export"), ("run", "bench")]
+    assert order == [("start", "compile_packages"), ("run", "train"), ("run", "evaluate"), ("run", "selection"),
+                     ("run", "bench"), ("finish", "compile_packages"), ("run", "export")]
     cmds = {name: cmd for kind, name, cmd in events if cmd}
     early, export, bench = cmds["compile_packages"], cmds["export"], cmds["bench"]
     assert early[early.index("--checkpoint") + 1].startswith(str(tmp_path / "untrained")) and "--onnx" not in early
