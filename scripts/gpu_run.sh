@@ -8,6 +8,9 @@
 #   PART=dev OUT=DIR bash scripts/gpu_run.sh     # the package-loading diagnosis and the GPU tests
 #   PART=tests OUT=DIR bash scripts/gpu_run.sh   # every GPU test (pytest -m gpu -n 8), about 3.5 minutes
 #   PART=demo OUT=DIR bash scripts/gpu_run.sh    # make demo alone, cold caches
+#   PART=probe OUT=DIR bash scripts/gpu_run.sh   # the graphed training step, where a package's compile time
+#                                                # goes, then make demo
+#   PART=throughput OUT=DIR bash scripts/gpu_run.sh  # training images/s at scale, graphed step vs eager
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -24,7 +27,7 @@ T0=$(date +%s)
 step() { echo "== +$(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
 quiet() { grep -v -e 'DEBUG    torch' -e '%|' -e '^\s*$' -e 'it/s\]' ; }
 finish() { tar czf "$OUT/results.tgz" -C "$W" --exclude=cache --exclude='*.pt2' --exclude='*.onnx' --exclude='cpp_build' --exclude='*.bgr' \
-             --exclude='checkpoints' . 2>/dev/null; step "done (results.tgz: $(du -h "$OUT/results.tgz" | cut -f1))"; }
+             --exclude='checkpoints' --exclude='scenes*' --exclude='pc_*' --exclude='pt_*' --exclude=train . 2>/dev/null; step "done (results.tgz: $(du -h "$OUT/results.tgz" | cut -f1))"; }
 trap finish EXIT
 
 step "machine"
@@ -91,6 +94,25 @@ demo() {  # make demo on a cold machine (no compile cache), as a new user meets 
 
 if [ "$PART" = demo ]; then demo; fi
 
+if [ "$PART" = probe ]; then  # the graphed training step (tests, the demo's training alone), one package's
+  # compile cold and alone under three settings (where its time goes), then make demo
+  TEST_S=${TEST_S:-120} XDIST=2 gpu_tests tests/train/test_device_data.py
+  step "the demo's training alone: the GPU recipe with the graphed step"
+  timeout "${TRAIN_S:-150}" $PY train/train.py --config configs/demo.yaml out_dir="$W/train" threads=0 graph=true \
+    data.cache_dir="$W/scenes" data.device_cache=true ckpt_every=2300 eval_every=0 progress=false >"$W/logs/train.log" 2>&1
+  echo "train exit $?" | tee -a "$LOG"; tail -1 "$W/logs/train.log" | cut -c1-900 | tee -a "$LOG"
+  for v in base:{} threads1:{} threads1_no_pointwise_tuning:'{"triton.autotune_pointwise": false}'; do
+    name=${v%%:*}; cfgs=${v#*:}
+    step "one package (bucket 64) compiled cold and alone: $name $cfgs"
+    env $([ "${name#threads1}" != "$name" ] && echo TORCHINDUCTOR_COMPILE_THREADS=1) TORCHINDUCTOR_CACHE_DIR="$W/pc_$name" \
+      TRITON_CACHE_DIR="$W/pt_$name" timeout "${PROBE_S:-100}" $PY scripts/aoti_compile_probe.py --configs "$cfgs" \
+      --out "$W/probe_$name.json" >"$W/logs/probe_$name.log" 2>&1; echo "probe exit $?" | tee -a "$LOG"
+    grep -E '^\{"configs"|^(compile_fx_inner|GraphLowering.codegen|Scheduler.codegen|AotCodeCompiler.compile|aoti_precompile_header|compile_file|async_compile|GraphLowering.compile_to_fn|create_aot_dispatcher_function|_recursive_joint_graph_passes|GraphLowering.run)' \
+      "$W/logs/probe_$name.log" | cut -c1-200 | tee -a "$LOG"
+  done
+  demo
+fi
+
 if [ "$PART" = final ]; then  # issue 14's one run: make demo on a cold machine, every GPU test, the two target points
   demo
   if [ -x runs/demo/cpp_build/depthpack_run ]; then export DEPTHPACK_RUN=$PWD/runs/demo/cpp_build/depthpack_run; else build_runner; fi
@@ -100,6 +122,16 @@ if [ "$PART" = final ]; then  # issue 14's one run: make demo on a cold machine,
     --rows masked-eager,masked-graph,packed-graph,packed-compile+graph,packed-compile+graph@frames \
     --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/targets" 2>&1 | quiet \
     | grep -E '^\| vits .* (256|512) |failed|^\{' | cut -c1-260 | tee -a "$LOG"
+fi
+
+if [ "$PART" = throughput ]; then  # training images/s of vits 420x560 (configs/scale.yaml), graphed step vs eager
+  for g in true false; do
+    step "training throughput, configs/scale.yaml on 512 cached scenes, graph=$g, batch 16 and 64"
+    timeout "${THR_S:-170}" $PY -m depthpack.train.throughput --config configs/scale.yaml data.num_samples=512 \
+      data.cache_dir="$W/scenes_scale" graph=$g --batch 16 64 --seconds "${THR_SECONDS:-12}" \
+      --out "$W/throughput_graph_$g.json" >"$W/logs/throughput_graph_$g.log" 2>&1; echo "throughput exit $?" | tee -a "$LOG"
+    grep '^{"steps"' "$W/logs/throughput_graph_$g.log" | cut -c1-420 | tee -a "$LOG"
+  done
 fi
 
 if [ "$PART" = frames ]; then  # the frame path in Python and C++, the first levers (a short run)
