@@ -86,7 +86,9 @@ fi
 demo() {  # make demo on a cold machine (no compile cache), as a new user meets it; the report into $W/demo
   step "make demo (the GPU recipe), cold compile caches, as a new user meets it"
   rm -rf runs/demo
-  timeout "${DEMO_S:-230}" make demo >"$W/logs/demo.log" 2>&1; echo "make demo exit $?" | tee -a "$LOG"
+  local t0; t0=$(date +%s%N)
+  timeout "${DEMO_S:-230}" make demo >"$W/logs/demo.log" 2>&1
+  echo "make demo exit $?, $(( ($(date +%s%N) - t0) / 1000000 )) ms as a user's clock sees it" | tee -a "$LOG"
   grep -E "^=== .*done in|demo:|report:" "$W/logs/demo.log" | tee -a "$LOG"
   mkdir -p "$W/demo" && [ -d runs/demo ] && (cd runs/demo && cp -r --parents report.md logs eval bench selection.png \
     export/manifest.json "$W/demo/" 2>/dev/null)

@@ -41,7 +41,7 @@ from .onnx import export_onnx
 from .package import (ExportError, PackedForward, cast_model, check_constants, compile_packages, export_program,
                       levers_for, manifest_focal, package_constants)
 from .reference import write_reference
-from .selfcheck import find_cpp_runner, self_check
+from .selfcheck import find_cpp_runner, finish_self_check, start_self_check
 
 # named targets -> (CPU architecture, CUDA compute capability or None)
 TARGETS = {"jetson-orin": ("aarch64", "8.7"), "jetson-xavier": ("aarch64", "7.2"),
@@ -312,20 +312,26 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
         weights_entry = {"file": WEIGHTS, "sha256": sha256_file(out / WEIGHTS)}
         log(f"weights: {len(weights)} tensors, {(out / WEIGHTS).stat().st_size / 1e6:.1f} MB -> {WEIGHTS}")
     reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device, frame)
+    # the manifest of the packages, checked by a child process while the ONNX files are exported here;
+    # then written again with the ONNX entries (the folder is staged: a runner sees only the final one)
+    atomic_write_json(out / MANIFEST, build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, [],
+                                                     weights_entry), sort_keys=False)
+    t0 = time.perf_counter()
+    log("self-check: loading the packages in a child process (python -m depthpack.runtime.aoti --check)"
+        + (", beside the ONNX export" if onnx_buckets else ""))
+    pending = start_self_check(deployed, out / MANIFEST, buckets, opts.batch, device, g, opts.check_timeout_s, frame)
     onnx_entries = []
     for k in onnx_buckets:
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         e = export_onnx(model, k, opts.batch, out / onnx_name(k), g, frame)
-        times.setdefault("onnx_s", {})[k] = round(time.perf_counter() - t0, 2)
+        times.setdefault("onnx_s", {})[k] = round(time.perf_counter() - t1, 2)
         log(f"ONNX bucket {k}: {e['exporter']} exporter, onnxruntime vs eager max |diff| {e['max_abs_diff']:.2e} m")
         onnx_entries.append(e)
-    manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries, weights_entry)
-    atomic_write_json(out / MANIFEST, manifest, sort_keys=False)
-    t0 = time.perf_counter()
-    log("self-check: loading the packages in a child process (python -m depthpack.runtime.aoti --check)")
-    report = self_check(deployed, out / MANIFEST, buckets, opts.batch, device, g, opts.check_timeout_s,
-                        opts.cpp_runner, log, frame)
-    times["check_s"] = round(time.perf_counter() - t0, 2)
+    report = finish_self_check(pending, opts.cpp_runner, log)
+    times["check_s"] = round(time.perf_counter() - t0, 2)  # with the ONNX export beside it
+    if onnx_entries:
+        manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries, weights_entry)
+        atomic_write_json(out / MANIFEST, manifest, sort_keys=False)
     times["total_s"] = round(time.perf_counter() - t_all, 2)
     log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")
     check = {k: report[k] for k in ("checker", "buckets", "reference", "load_s", "python_loader") if k in report}

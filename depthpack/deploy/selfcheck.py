@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -78,6 +79,31 @@ def self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, devic
     reports a mismatch is an ExportError. A child KILLED by a signal (torch 2.11 + CUDA packages on
     the H200: SIGSEGV in the loader) is the documented fallback: the same checks with the C++ runner
     (deploy_cpp) when one is found, else an ExportError that says how to get one."""
+    return finish_self_check(start_self_check(model, manifest_path, buckets, batch, device, g, timeout_s, frame),
+                             cpp_runner, log)
+
+
+class PendingCheck:
+    """A self-check whose child process runs while the exporter does other work (the ONNX export)."""
+
+    def __init__(self, manifest_path: Path, buckets, device, fresh: dict, inputs: Path, cmd: list[str], env: dict,
+                 timeout_s: int):
+        self.manifest_path, self.buckets, self.device, self.fresh, self.inputs = manifest_path, buckets, device, fresh, inputs
+        self.timeout_s, self.result = timeout_s, {}
+        # a daemon thread waits on the child: an export that fails meanwhile is not held up at exit
+        self.thread = threading.Thread(target=self._run, args=(cmd, env), daemon=True)
+        self.thread.start()
+
+    def _run(self, cmd: list[str], env: dict) -> None:
+        try:
+            self.result["proc"] = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, env=env)
+        except BaseException as e:  # handed to finish_self_check
+            self.result["error"] = e
+
+
+def start_self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, device, g: torch.Generator,
+                     timeout_s: int = 900, frame: dict | None = None) -> PendingCheck:
+    """The eager outputs on fresh inputs, computed here, and the child process started on them."""
     from safetensors.torch import save_file
 
     fresh = {}
@@ -94,12 +120,21 @@ def self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, devic
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [sys.executable, "-X", "faulthandler", "-m", "depthpack.runtime.aoti", "--check", str(manifest_path),
            "--device", str(device), "--inputs", str(inputs), "--no-probe"]  # it is the probe
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        raise ExportError(f"self-check: the child process loading the packages did not finish in {timeout_s} s") from None
-    finally:
-        inputs.unlink(missing_ok=True)
+    return PendingCheck(manifest_path, buckets, device, fresh, inputs, cmd, env, timeout_s)
+
+
+def finish_self_check(pending: PendingCheck, cpp_runner: str | None = None, log=print) -> dict:
+    """Wait for the child and read its report (or fall back to the C++ runner: self_check)."""
+    pending.thread.join()
+    pending.inputs.unlink(missing_ok=True)
+    manifest_path, buckets, fresh, timeout_s = pending.manifest_path, pending.buckets, pending.fresh, pending.timeout_s
+    device = pending.device
+    error = pending.result.get("error")
+    if isinstance(error, subprocess.TimeoutExpired):
+        raise ExportError(f"self-check: the child process loading the packages did not finish in {timeout_s} s")
+    if error is not None:
+        raise error
+    proc = pending.result["proc"]
     if proc.returncode < 0:
         sig = signal.Signals(-proc.returncode).name
         tail = "\n".join(ln for ln in proc.stderr.strip().splitlines()[-15:] if not ln.startswith("Extension modules"))
