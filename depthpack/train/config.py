@@ -56,7 +56,7 @@ class TrainConfig:
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
     compile: bool = False  # torch.compile the forward + backward (one graph per bucket with data.device_cache)
     graph: bool = False  # replay each bucket's step (forward, backward, clip, AdamW) from a CUDA graph: a small
-    #                      model's step is launch-bound. Needs CUDA, data.device_cache, one process (train.step)
+    #                      model's step is launch-bound. Needs CUDA, data.device_cache, one process, no compile
     max_time_s: float = 0.0  # stop after this many seconds of steps (checked at log rows), with a checkpoint
     #                          and a summary as at the end; the schedule is then unfinished. 0 = off
     progress: bool = True  # tqdm bar on rank 0

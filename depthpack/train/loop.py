@@ -432,7 +432,7 @@ def _train(cfg: TrainConfig, d: Dist, out: Path, hook) -> dict[str, Any]:
         import torch._dynamo as dynamo
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(mcfg.buckets))
         step_fn = torch.compile(runner, dynamic=False)
-    check_graph_config(cfg.graph, d.device, scenes is not None, d.world)
+    check_graph_config(cfg.graph, d.device, scenes is not None, d.world, cfg.compile)
     train_step = TrainStep(step_fn, model, opt, cfg.grad_clip, cfg.amp, d.device, graph=cfg.graph)
     log = RunLog(out, start_step, d.main)
     bar = None

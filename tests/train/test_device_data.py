@@ -222,6 +222,8 @@ def test_graph_step_refuses_where_it_cannot_run(tmp_path):
         check_graph_config(True, cuda, device_data=False, world=1)
     with pytest.raises(ValueError, match="runs one process; this run has 2"):
         check_graph_config(True, cuda, device_data=True, world=2)
+    with pytest.raises(ValueError, match="graph=true and compile=true together are not supported"):
+        check_graph_config(True, cuda, device_data=True, world=1, compiled=True)
     check_graph_config(False, torch.device("cpu"), device_data=False, world=2)  # off: nothing to check
 
 
