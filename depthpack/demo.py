@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> Path:
     if "bench" not in a.skip:
         beside = compile_early is not None or cpp_build is not None
         times["latency benchmark" + (f" ({FOREGROUND_CORES} CPU threads; packages and C++ runner compiling on the "
-                                     "other cores, nice 10)" if beside else "")] = bench(ckpt, out, logs, device, beside)
+                                     f"other cores, nice {BACKGROUND_NICE})" if beside else "")] = bench(ckpt, out, logs, device, beside)
     if compile_early is not None:
         times["compile packages (untrained model, from the start, in the background)"] = compile_early.finish()
     if "export" not in a.skip:
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> Path:
         info["export"] = (f"Packages, weights, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the "
                           "manifest the export ran each package against eager on fresh inputs and on the reference (log: "
                           f"`{rel_to(logs / 'export.log', out)}`)."
-                          + (f" The packages were compiled from the untrained model while training ran "
+                          + (f" The packages were compiled from the untrained model in the background from the start "
                              f"(`{rel_to(untrained_export, out)}`) and given the trained weights (`--reuse-packages`)."
                              if compile_early is not None else ""))
     if cpp_build is not None:

@@ -13,7 +13,7 @@ from depthpack.data import DataConfig, make_dataset
 from depthpack.data.store import decode_rows, find_store, open_store
 from depthpack.data.synthetic import render
 from depthpack.train.device_data import DeviceScenes, device_stream, gumbel_topk, sample_points
-from test_train import tiny_cfg, weights
+from test_train import Killed, kill_at, tiny_cfg, weights
 
 SIZE = (16, 24)
 
@@ -151,15 +151,8 @@ def test_device_path_trains_resumes_exactly_and_reports_throughput(tmp_path):
     header = (tmp_path / "full" / "log.csv").read_text().splitlines()[0].split(",")
     assert header[-2:] == ["data_ms", "compute_ms"]
 
-    class Killed(Exception):
-        pass
-
-    def kill_at_5(step, info):
-        if step == 5:
-            raise Killed
-
     with pytest.raises(Killed):
-        train(tiny_cfg(tmp_path / "part", cache, *DEV), hook=kill_at_5)
+        train(tiny_cfg(tmp_path / "part", cache, *DEV), hook=kill_at(5))
     resumed = train(tiny_cfg(tmp_path / "part", cache, *DEV, "resume=true"))
     assert resumed["resumed_from"] == 3 and resumed["step"] == 6
     a, b = weights(tmp_path / "full"), weights(tmp_path / "part")
@@ -265,15 +258,8 @@ def test_graph_step_equals_eager_and_resumes(tmp_path):
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
     assert eager["val"]["abs_rel"] == pytest.approx(graph["val"]["abs_rel"], rel=1e-3)
 
-    class Killed(Exception):
-        pass
-
-    def kill_at_17(step, info):
-        if step == 17:
-            raise Killed
-
     with pytest.raises(Killed):
-        train(tiny_cfg(tmp_path / "part", *common, "graph=true"), hook=kill_at_17)
+        train(tiny_cfg(tmp_path / "part", *common, "graph=true"), hook=kill_at(17))
     resumed = train(tiny_cfg(tmp_path / "part", *common, "graph=true", "resume=true"))
     assert resumed["resumed_from"] == 12 and resumed["step"] == 24
     c = weights(tmp_path / "part")

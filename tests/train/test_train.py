@@ -190,17 +190,21 @@ class Killed(Exception):
     pass
 
 
+def kill_at(n: int):
+    """A training hook that stops the run after step n, as a kill would."""
+    def hook(step, info):
+        if step == n:
+            raise Killed
+    return hook
+
+
 def test_killed_run_resumes_to_the_same_weights(done, tmp_path):
     """Uninterrupted 6 steps == (killed after step 5, checkpoint at 3) + resume, bit for bit on CPU."""
     from depthpack.train import train
 
-    def kill_at_5(step, info):
-        if step == 5:
-            raise Killed
-
     part = tiny_cfg(tmp_path / "part")
     with pytest.raises(Killed):
-        train(part, hook=kill_at_5)
+        train(part, hook=kill_at(5))
     assert json.loads((tmp_path / "part" / "latest.json").read_text())["step"] == 3  # lost steps 4-5 only
     summary = train(tiny_cfg(tmp_path / "part", "resume=true"))
     assert summary["resumed_from"] == 3 and summary["step"] == 6
