@@ -11,6 +11,10 @@
 #   PART=probe OUT=DIR bash scripts/gpu_run.sh   # the graphed training step, where a package's compile time
 #                                                # goes, then make demo
 #   PART=throughput OUT=DIR bash scripts/gpu_run.sh  # training images/s at scale, graphed step vs eager
+#   PART=sweep OUT=DIR bash scripts/gpu_run.sh   # tile sweep of the fused block's kernels, then the ladder rows
+#   PART=rows OUT=DIR bash scripts/gpu_run.sh    # the fused blocks' GPU tests and ladder rows alone
+#   PART=blocks OUT=DIR bash scripts/gpu_run.sh  # the fused ViT blocks: their GPU tests, the ladder rows at B1 Q256
+#                                                # and B8 Q512, the kernel profile, a .pt2 through the C++ runner
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -27,7 +31,7 @@ T0=$(date +%s)
 step() { echo "== +$(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
 quiet() { grep -v -e 'DEBUG    torch' -e '%|' -e '^\s*$' -e 'it/s\]' ; }
 finish() { tar czf "$OUT/results.tgz" -C "$W" --exclude=cache --exclude='*.pt2' --exclude='*.onnx' --exclude='cpp_build' --exclude='*.bgr' \
-             --exclude='checkpoints' --exclude='scenes*' --exclude='pc_*' --exclude='pt_*' --exclude=train . 2>/dev/null; step "done (results.tgz: $(du -h "$OUT/results.tgz" | cut -f1))"; }
+             --exclude='checkpoints' --exclude='*.safetensors' --exclude='scenes*' --exclude='pc_*' --exclude='pt_*' --exclude=train . 2>/dev/null; step "done (results.tgz: $(du -h "$OUT/results.tgz" | cut -f1))"; }
 trap finish EXIT
 
 step "machine"
@@ -173,4 +177,42 @@ if [ "$PART" = measure ]; then  # what run 4 of 2026-12-02 left unmeasured: B8 Q
   step "kernel profile (vits bf16 B1 Q256)"
   timeout "${PROFILE_S:-60}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
+fi
+
+if [ "$PART" = blocks ]; then  # issue 12's fused blocks: tests (beside the runner's build and a .pt2), rows, profile
+  ( build_runner && step "export vits bf16 bucket 256, fused_blocks, C++ check (background, beside the tests)" \
+    && timeout "${EXPORT_S:-300}" $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
+      --switches selection=count,fused_blocks=true --cpp-runner "$W/cpp_build/depthpack_run" --out "$W/export_blocks" \
+      >"$W/logs/export_blocks.log" 2>&1; echo "export exit $?" ) > "$W/logs/build_export.out" 2>&1 &
+  BG_PID=$!
+  TEST_S=${TEST_S:-240} XDIST=4 gpu_tests tests/core/test_kernels.py \
+    tests/runtime/test_predictor.py::test_gpu_backends_match_eager_no_sync_no_recapture
+  wait $BG_PID; cat "$W/logs/build_export.out" | tee -a "$LOG"
+  grep -v -e DEBUG -e '%|' "$W/logs/export_blocks.log" | tail -8 | cut -c1-300 | tee -a "$LOG"
+  step "ladder rows (vits bf16): plain compile+graph, counting selection, + fused blocks, + embed kernel, + combo"
+  timeout "${BENCH_S:-200}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
+    --rows packed-compile+graph,lever-count-selection,lever-fused-blocks,lever-fused-blocks+embed,lever-fused-blocks+combo \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/blocks" 2>&1 | quiet \
+    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  step "kernel profile (vits bf16 B1 Q256), fused blocks on"
+  timeout "${PROFILE_S:-80}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --fused-embed off --fused-blocks on --out "$W/profile_blocks" 2>&1 | quiet \
+    | grep -E 'kernels per forward|^\| ' | head -44 | tee -a "$LOG"
+fi
+
+if [ "$PART" = sweep ]; then  # the fused block's kernels: each tile candidate timed alone, B1 Q256 and B8 Q512
+  step "tile sweep of the fused block's four kernels (vits bf16)"
+  timeout "${SWEEP_S:-300}" $PY scripts/block_kernel_sweep.py --out "$W/sweep" > "$W/logs/sweep.log" 2>&1
+  echo "sweep exit $?" | tee -a "$LOG"
+  grep -E '^(B[0-9]|- B)' "$W/logs/sweep.log" | tee -a "$LOG"
+  tail -5 "$W/logs/sweep.log" | grep -i error | tee -a "$LOG"
+fi
+
+if [ "$PART" = rows ]; then  # the fused blocks' GPU tests, then the ladder rows at B1 Q256 and B8 Q512
+  TEST_S=${TEST_S:-120} XDIST=4 gpu_tests tests/core/test_kernels.py
+  step "ladder rows (vits bf16): plain compile+graph, counting selection, + fused blocks, + combo"
+  timeout "${BENCH_S:-150}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
+    --rows packed-compile+graph,lever-count-selection,lever-fused-blocks,lever-fused-blocks+embed,lever-fused-blocks+combo \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/rows" 2>&1 | quiet \
+    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
 fi

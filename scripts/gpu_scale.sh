@@ -9,6 +9,7 @@
 #      and 1024-slot buffers for the same queries (what more context buys, if packed trails dense)
 #   OUT=DIR bash scripts/gpu_scale.sh                  # on the H200 (python3 = torch 2.11 + triton 3.6)
 #   SCALE_SMOKE=1 OUT=DIR PY=.venv/bin/python bash scripts/gpu_scale.sh   # the same steps on a CPU, tiny
+#   EXTRA="graph=true model.anchor_grid=12" OUT=DIR bash scripts/gpu_scale.sh   # the recipe with overrides
 # Time on the H200 (estimated; limits in brackets): 1. about 100 s in the background [85 s budget for the
 # train split], 2. about 40 s [45], 3. [330, or what the deadline leaves after reserving 60 s for 4.],
 # 4. 30-60 s [everything left]; the whole script stops by DEADLINE_S = 530 s.
@@ -40,6 +41,9 @@ else
   RENDER_S=${RENDER_S:-85}; THR_S=${THR_S:-45}; TRAIN_S=${TRAIN_S:-330}; EVAL_S=${EVAL_S:-60}
   MAX_STEPS=${MAX_STEPS:-30000}
 fi
+# EXTRA: overrides of the recipe for every step, e.g. EXTRA="graph=true model.anchor_grid=12"
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+COMMON+=("${EXTRA_ARGS[@]}")
 DEADLINE_S=${DEADLINE_S:-530}   # the whole script, whatever a step does
 TRAIN_OVERHEAD_S=${TRAIN_OVERHEAD_S:-60}   # train step: start, scenes to the GPU, final checkpoint + check
 T0=$(date +%s)

@@ -113,7 +113,13 @@ _L4 = step(_L3, "lever-coordinate-descent", "Inductor coordinate-descent tuning"
            compile_options=(("coordinate_descent_tuning", True),))
 _L5 = step(_L4, "lever-pdl", "programmatic dependent launch (Hopper only)", default=False,
            compile_options=(("triton.enable_pdl", True),))
-LEVERS = (_L1, _L2, _L3, _L4, _L5)
+_L6 = step(_L1, "lever-fused-blocks", "each ViT block as 4 Triton kernels (LN+QKV, attention+proj, LN+fc1+GELU, fc2+residual)",
+           default=False, switches=(("fused_blocks", True),))
+_L7 = step(_L6, "lever-fused-blocks+embed", "Triton gather+embed kernel", default=False,
+           switches=(("fused_embed", True),))
+_L8 = step(_L7, "lever-fused-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
+           compile_options=(("combo_kernels", True),))
+LEVERS = (_L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8)
 LADDER = LADDER + LEVERS
 ROWS = {r.name: r for r in LADDER}
 GROUPS = {"levers": ("packed-compile+graph",) + tuple(r.name for r in LEVERS)}

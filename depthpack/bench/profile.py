@@ -24,6 +24,7 @@ from ..core.model import create_model
 from ..runtime.predictor import Predictor
 
 CATEGORIES = [  # first match wins
+    ("fused block (depthpack)", r"_ln_linear_kernel|_attn_proj_kernel|_fc2_res_kernel"),
     ("attention", r"flash|fmha|attention|sdpa"),
     ("conv (anchors)", r"convolve|conv2d|implicit_gemm"),
     ("gemm", r"gemm|cutlass|sm90|nvjet|cublas|matmul|\bmm\b|_mm_|splitk|xmma"),
@@ -67,13 +68,14 @@ def profile_forward(fn, calls: int = 20) -> dict:
                 kernels=[dict(name=n[:200], us=round(t, 3), launches=c, category=category(n)) for t, c, n in every])
 
 
-def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: bool = False) -> dict:
+def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: bool = False,
+        fused_blocks: bool = False) -> dict:
     """For the graph and compile+graph backends: the kernels of one un-replayed forward
     (Predictor.predict_uncaptured) under the profiler, and the latency of the captured one."""
     from ..runtime.graphs import summarize, time_calls
 
     report = dict(preset=preset, dtype=str(dtype).replace("torch.", ""), batch=batch, queries=queries,
-                  fused_embed=fused_embed, backends={})
+                  fused_embed=fused_embed, fused_blocks=fused_blocks, backends={})
     torch.manual_seed(0)
     model = create_model(preset).eval()
     H, W = model.cfg.img_size
@@ -82,7 +84,7 @@ def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: 
     points = (torch.rand(batch, queries, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).cuda()
     for backend in ("graph", "compile+graph"):
         pred = Predictor(model, device="cuda", dtype=dtype, backend=backend, batch_size=batch,
-                         switches={"fused_embed": fused_embed}, validate=False)
+                         switches={"fused_embed": fused_embed, "fused_blocks": fused_blocks}, validate=False)
         bucket = pred.bucket_for(queries)
         pred.warmup(buckets=(bucket,))
         dev = torch.device("cuda")
@@ -99,7 +101,7 @@ def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: 
 def markdown(report: dict) -> str:
     r = report
     lines = [f"# Profile of the packed forward ({r['preset']} {r['dtype']}, batch {r['batch']}, {r['queries']} "
-             f"queries, fused_embed={r['fused_embed']})", ""]
+             f"queries, fused_embed={r['fused_embed']}, fused_blocks={r.get('fused_blocks', False)})", ""]
     for name, p in r["backends"].items():
         lines += [f"## {name} (bucket {p['bucket']})", "",
                   f"{p['kernels_per_call']:.0f} kernels per forward, GPU busy {p['busy_us_per_call']:.1f} us per "
@@ -121,18 +123,22 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--fused-embed", choices=("off", "on", "both"), default="both",
                     help="the Triton gather+embed kernel off, on, or a report of each")
+    ap.add_argument("--fused-blocks", choices=("off", "on"), default="off",
+                    help="each ViT block as four Triton kernels (the fused_blocks switch)")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("depthpack.bench.profile needs a CUDA device")
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.fused_embed]
-    reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused) for fused in variants]
+    reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused, args.fused_blocks == "on")
+               for fused in variants]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = "\n".join(markdown(r) for r in reports)
     (out / "profile.md").write_text(md)
     # one flat record per forward, the format depthpack.bench.orin --profile reads
     flat = [dict(p, backend=name, preset=r["preset"], batch=r["batch"], dtype=r["dtype"], fused_embed=r["fused_embed"],
+                 fused_blocks=r["fused_blocks"],
                  device=torch.cuda.get_device_name()) for r in reports for name, p in r["backends"].items()]
     (out / "profile.json").write_text(json.dumps(flat, indent=1))
     print(md)

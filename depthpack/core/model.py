@@ -139,6 +139,7 @@ class DepthPack(nn.Module):
         self.fused_embed = False  # fast-path switches (SWITCHES, set_switches): all off by default
         self.selection = "topk"
         self.mlp_epilogue = False
+        self.fused_blocks = False
 
     # ---- fast-path switches -----------------------------------------------------------------------
     def set_switches(self, **switches) -> "DepthPack":
@@ -147,6 +148,12 @@ class DepthPack(nn.Module):
             if name not in SWITCHES or value not in SWITCHES[name]:
                 raise ValueError(f"unknown switch {name}={value!r}; choose from "
                                  + ", ".join(f"{k} in {v}" for k, v in SWITCHES.items()))
+            if name == "fused_blocks" and value:  # blocks the kernels do not compute: refused here, not later
+                from ..kernels.vit_block import block_weights
+                if not isinstance(self.backbone.norm_pre, nn.Identity):
+                    raise ValueError("fused_blocks: the backbone's norm_pre must be Identity")
+                for blk in self.backbone.blocks:
+                    block_weights(blk)
             setattr(self, name, value)
         for blk in self.backbone.blocks:  # an instance attribute: the state dict keeps its keys
             if self.mlp_epilogue:
@@ -224,7 +231,11 @@ class DepthPack(nn.Module):
         return torch.cat([cls, self.anchors(x)], dim=1)
 
     def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens [B,S,D] -> [B,S,D]; timm's blocks as timm defines them
+        # tokens [B,S,D] -> [B,S,D]; timm's blocks as timm defines them (fused_blocks: as four Triton
+        # kernels each, inference without a mask; the blocks themselves are its reference)
+        if self.fused_blocks and attn_mask is None:
+            from ..kernels.vit_block import fused_blocks
+            return self.backbone.norm(fused_blocks(self.backbone.blocks, tokens))
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
             x = blk(x, attn_mask=attn_mask)
@@ -347,7 +358,8 @@ class DepthPack(nn.Module):
 # fast-path switch -> its values (the first is the plain path, the reference)
 SWITCHES = {"fused_embed": (False, True),  # the Triton gather+embed kernel (depthpack.kernels), CUDA only
             "selection": ("topk", "count"),  # token selection by a counting pass instead of torch.topk
-            "mlp_epilogue": (False, True)}  # fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue
+            "mlp_epilogue": (False, True),  # fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue
+            "fused_blocks": (False, True)}  # each ViT block as four Triton kernels (depthpack.kernels), CUDA only
 
 
 def _mlp_with_gelu_epilogue(mlp, x: torch.Tensor) -> torch.Tensor:

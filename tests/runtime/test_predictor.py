@@ -122,6 +122,7 @@ def _gpu_pred(backend, dtype=torch.float32, preset="tiny", **kw):
 @pytest.mark.parametrize("backend,kw", [("graph", {}), ("compile+graph", {}), ("compile", {}),
                                         ("compile+graph", {"compile_mode": "reduce-overhead"}),
                                         ("graph", {"switches": {"fused_embed": True}}),
+                                        ("compile+graph", {"switches": {"fused_blocks": True}}),
                                         ("compile+graph", {"switches": {"selection": "count", "mlp_epilogue": True},
                                                            "compile_options": {"combo_kernels": True}})])
 def test_gpu_backends_match_eager_no_sync_no_recapture(backend, kw):

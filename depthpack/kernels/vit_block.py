@@ -1,0 +1,389 @@
+"""A ViT block (timm's pre-norm Block) as four Triton kernels: fused_blocks.
+
+Reference (timm's Block, attention without a mask):
+    x = x + ls1 * proj(attention(qkv(LN1(x))))
+    x = x + ls2 * fc2(GELU(fc1(LN2(x))))
+After Inductor, a block is 8-10 kernels (LayerNorm, QKV GEMM, attention, projection GEMM, residual +
+LayerNorm, fc1 GEMM, GELU, fc2 GEMM, residual), some of them cuBLAS split-K pairs. At batch 1 and a few
+hundred tokens every GEMM is small and a kernel inside a CUDA graph still costs about 1.3 us to launch,
+so the count is the latency (docs/bench/h200/profile.md). Here a block is four launches:
+    1. ln_qkv     LN1 in the GEMM's prologue (row statistics first, then each K tile normalized as it is
+                  loaded) + the QKV GEMM + bias -> qkv [M,3D]; the first column tile of each row block
+                  also starts the residual r = x + ls1 * proj.bias (float32)
+    2. attn_proj  per (query tile, head, image): attention over every key with an online softmax (flash
+                  attention's form), then that head's slice of the output projection, scaled by ls1 and
+                  atomically added into r (the heads' sum without a reduction pass)
+    3. ln_fc1     LN2 of r in the prologue + fc1 + bias + GELU (exact, erf) -> h [M,hidden]
+    4. fc2_res    fc2 + bias, scaled by ls2, + r -> the block's output (float32); at batch 1 split over K
+                  so the grid covers the SMs, the parts added atomically into an output ln_fc1 started
+                  as r + ls2 * fc2.bias
+The residual stream between blocks is float32. The float32 atomics make sums order-dependent at float32
+rounding, far below the model dtype's (bf16) rounding. GEMMs take the model dtype's inputs with
+float32 accumulation (float32 models: full IEEE products, as torch without TF32).
+
+Inference only (no backward). ``torch.ops.depthpack.vit_block`` is a ``torch.library.triton_op``:
+torch.compile and torch.export trace through it, AOTInductor compiles its kernels into the package
+(plain Triton: sm_80/sm_87 as well as Hopper), and it is capturable in a CUDA graph. CPU tensors or a
+missing Triton take the reference (``vit_block_reference``, the same arithmetic in torch). With
+TRITON_INTERPRET=1 set before Triton is imported, ``run_interpreted`` runs the kernels on CPU tensors.
+Switch: ``DepthPack.fused_blocks`` (default off).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+    INTERPRET = bool(triton.knobs.runtime.interpret)
+except ImportError:  # CPU-only installs: the reference is the only path
+    HAVE_TRITON = INTERPRET = False
+
+LOG2E = 1.4426950408889634
+
+
+# ---- the reference: the kernels' arithmetic in torch ------------------------------------------------
+def vit_block_reference(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b,
+                        fc2_w, fc2_b, ls2, num_heads: int, eps1: float, eps2: float) -> torch.Tensor:
+    """x [B,S,D] (any float dtype) -> the block's output [B,S,D] float32, as the kernels round: the
+    residual stream in float32, the GEMMs' inputs in the weights' dtype. Weights as timm's Block holds
+    them; ls1/ls2 None (no LayerScale) or [D]; qkv_b may be None."""
+    dt = qkv_w.dtype
+    x = x.float()
+    B, S, D = x.shape
+    h = F.layer_norm(x, (D,), ln1_w.float(), ln1_b.float(), eps1).to(dt)
+    qkv = F.linear(h, qkv_w, qkv_b).reshape(B, S, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4)
+    o = F.scaled_dot_product_attention(qkv[0].float(), qkv[1].float(), qkv[2].float()).to(dt)
+    o = F.linear(o.transpose(1, 2).reshape(B, S, D), proj_w, proj_b).float()
+    r = x + (o * ls1.float() if ls1 is not None else o)
+    h = F.layer_norm(r, (D,), ln2_w.float(), ln2_b.float(), eps2).to(dt)
+    h = F.gelu(F.linear(h, fc1_w, fc1_b).float()).to(dt)
+    y = F.linear(h, fc2_w, fc2_b).float()
+    return r + (y * ls2.float() if ls2 is not None else y)
+
+
+def block_weights(blk: nn.Module) -> tuple:
+    """The tensors of a timm Block in vit_block's order, after checking the block is the form the kernels
+    compute (pre-norm, plain attention, GELU MLP); anything else is a ValueError naming the part."""
+    attn, mlp = blk.attn, blk.mlp
+    plain = [("norm1", blk.norm1, nn.LayerNorm), ("norm2", blk.norm2, nn.LayerNorm),
+             ("attn.q_norm", getattr(attn, "q_norm", nn.Identity()), nn.Identity),
+             ("attn.k_norm", getattr(attn, "k_norm", nn.Identity()), nn.Identity),
+             ("attn.norm", getattr(attn, "norm", nn.Identity()), nn.Identity),
+             ("mlp.norm", getattr(mlp, "norm", nn.Identity()), nn.Identity),
+             ("mlp.act", mlp.act, nn.GELU)]
+    for name, mod, kind in plain:
+        if not isinstance(mod, kind):
+            raise ValueError(f"fused_blocks: block part {name} is {type(mod).__name__}, the kernels need {kind.__name__}")
+    if getattr(mlp.act, "approximate", "none") != "none":
+        raise ValueError("fused_blocks: the kernels compute the exact (erf) GELU, not the tanh approximation")
+    if getattr(attn, "gate", None) is not None or mlp.fc1.bias is None or mlp.fc2.bias is None or attn.proj.bias is None:
+        raise ValueError("fused_blocks: gated attention or a linear without bias is not what the kernels compute")
+    hd = attn.head_dim if hasattr(attn, "head_dim") else blk.norm1.normalized_shape[0] // attn.num_heads
+    if hd < 16 or hd & (hd - 1):
+        raise ValueError(f"fused_blocks: head dim {hd} must be a power of two >= 16")
+    ls = lambda mod: getattr(mod, "gamma", None)  # noqa: E731  (timm's LayerScale; Identity: None)
+    return (blk.norm1.weight, blk.norm1.bias, attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias,
+            ls(blk.ls1), blk.norm2.weight, blk.norm2.bias, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight,
+            mlp.fc2.bias, ls(blk.ls2), attn.num_heads, float(blk.norm1.eps), float(blk.norm2.eps))
+
+
+# ---- the kernels ----------------------------------------------------------------------------------
+if HAVE_TRITON:
+
+    @triton.jit
+    def _mm(a, b, acc, IEEE: tl.constexpr):
+        if IEEE:  # float32 inputs: full fp32 products, as torch's default (no TF32)
+            return tl.dot(a, b, acc=acc, input_precision="ieee")
+        return tl.dot(a, b, acc=acc)
+
+    @triton.jit
+    def _tile(M, N, BM: tl.constexpr, BN: tl.constexpr):
+        # this program's output rows and columns (program ids 0 and 1) and which are inside [M,N]
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        return rm, rm < M, rn, rn < N
+
+    @triton.jit
+    def _row_stats(x_ptr, rm, m_ok, D, eps, BM: tl.constexpr, BK: tl.constexpr):
+        # mean and 1/std of rows rm of x [M,D], one pass over K tiles
+        s1 = tl.zeros((BM,), dtype=tl.float32)
+        s2 = tl.zeros((BM,), dtype=tl.float32)
+        for k0 in range(0, D, BK):
+            rk = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + rm[:, None] * D + rk[None, :], mask=m_ok[:, None] & (rk < D)[None, :],
+                        other=0.0).to(tl.float32)
+            s1 += tl.sum(x, axis=1)
+            s2 += tl.sum(x * x, axis=1)
+        mean = s1 / D
+        # (.to: Inductor passes Python floats as fp64, which would carry into everything after)
+        var = tl.maximum(s2 / D - mean * mean, 0.0)
+        return mean, 1.0 / tl.sqrt((var + eps).to(tl.float32))
+
+    @triton.jit
+    def _ln_gemm(x_ptr, rm, m_ok, D, mean, rstd, lnw_ptr, lnb_ptr, w_ptr, rn, n_ok, acc, IEEE: tl.constexpr,
+                 BK: tl.constexpr):
+        # acc + LayerNorm(x[rm]) @ W[rn]^T, W [N,D]: each K tile of x normalized as it is loaded
+        for k0 in range(0, D, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < D
+            x = tl.load(x_ptr + rm[:, None] * D + rk[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0).to(tl.float32)
+            g = tl.load(lnw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+            b = tl.load(lnb_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+            xn = (x - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]  # 0 beyond column D
+            w = tl.load(w_ptr + rn[None, :] * D + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mm(xn.to(w.dtype), w, acc, IEEE)
+        return acc
+
+    @triton.jit
+    def _store_rows_plus(src_ptr, dst_ptr, rm, m_ok, D, v_ptr, s_ptr, HAS_S: tl.constexpr, BK: tl.constexpr):
+        # dst[rm] = src[rm] + v * s (float32), the start of a residual sum
+        for k0 in range(0, D, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < D
+            mask = m_ok[:, None] & k_ok[None, :]
+            x = tl.load(src_ptr + rm[:, None] * D + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+            if HAS_S:
+                v = v * tl.load(s_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+            tl.store(dst_ptr + rm[:, None] * D + rk[None, :], x + v[None, :], mask=mask)
+
+    @triton.jit
+    def _ln_linear_kernel(x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr, initv_ptr, inits_ptr, M, D, N,
+                          eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr, HAS_S: tl.constexpr,
+                          IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # y [M,N] = LayerNorm(x) @ W^T (+ bias) (GELU); INIT: the first column tile of each row block also
+        # starts a residual sum, init = x + initv * inits (ln_qkv: r = x + ls1 * proj.bias, which
+        # attn_proj adds to; ln_fc1 before a K-split fc2: out = r + ls2 * fc2.bias)
+        rm, m_ok, rn, n_ok = _tile(M, N, BM, BN)
+        mean, rstd = _row_stats(x_ptr, rm, m_ok, D, eps, BM, BK)
+        acc = _ln_gemm(x_ptr, rm, m_ok, D, mean, rstd, lnw_ptr, lnb_ptr, w_ptr, rn, n_ok,
+                       tl.zeros((BM, BN), dtype=tl.float32), IEEE, BK)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if GELU:  # exact (erf), as nn.GELU()
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
+        if INIT:
+            if tl.program_id(1) == 0:
+                _store_rows_plus(x_ptr, init_ptr, rm, m_ok, D, initv_ptr, inits_ptr, HAS_S, BK)
+
+    @triton.jit
+    def _attn_proj_kernel(qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
+                          IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BO: tl.constexpr):
+        pid_m = tl.program_id(0)
+        h = tl.program_id(1)
+        b = tl.program_id(2)
+        N3 = 3 * D
+        rq = pid_m * BM + tl.arange(0, BM)
+        q_ok = rq < S
+        row = b * S + rq
+        dd = tl.arange(0, HD)
+        q = tl.load(qkv_ptr + row[:, None] * N3 + h * HD + dd[None, :], mask=q_ok[:, None], other=0.0)
+        m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BM,), dtype=tl.float32)
+        acc = tl.zeros((BM, HD), dtype=tl.float32)
+        for k0 in range(0, S, BN):  # every key tile holds at least one real key: m_i is finite after it
+            rk = k0 + tl.arange(0, BN)
+            k_ok = rk < S
+            kv = (b * S + rk)[:, None] * N3 + h * HD + dd[None, :]
+            k = tl.load(qkv_ptr + kv + D, mask=k_ok[:, None], other=0.0)
+            s = (_mm(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), IEEE) * qk_scale).to(tl.float32)
+            s = tl.where(k_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(qkv_ptr + kv + 2 * D, mask=k_ok[:, None], other=0.0)
+            acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+            m_i = m_new
+        o = (acc / l_i[:, None]).to(q.dtype)
+        ro = tl.arange(0, BO)
+        for c0 in range(0, D, BO):  # this head's share of the output projection, into the residual
+            rc = c0 + ro
+            c_ok = rc < D
+            w = tl.load(projw_ptr + rc[None, :] * D + h * HD + dd[:, None], mask=c_ok[None, :], other=0.0)
+            part = _mm(o, w, tl.zeros((BM, BO), dtype=tl.float32), IEEE)
+            if HAS_LS:
+                part = part * tl.load(ls1_ptr + rc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+            tl.atomic_add(r_ptr + row[:, None] * D + rc[None, :], part, mask=q_ok[:, None] & c_ok[None, :],
+                          sem="relaxed")
+
+    @triton.jit
+    def _fc2_res_kernel(h_ptr, w2_ptr, b2_ptr, ls2_ptr, r_ptr, out_ptr, M, D, HID, KCHUNK,
+                        ATOMIC: tl.constexpr, HAS_LS: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr):
+        rm, m_ok, rn, n_ok = _tile(M, D, BM, BN)
+        pid_k = tl.program_id(2)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(pid_k * KCHUNK, tl.minimum(pid_k * KCHUNK + KCHUNK, HID), BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < HID
+            a = tl.load(h_ptr + rm[:, None] * HID + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w2_ptr + rn[None, :] * HID + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = _mm(a, w, acc, IEEE)
+        mask = m_ok[:, None] & n_ok[None, :]
+        offs = rm[:, None] * D + rn[None, :]
+        if ATOMIC:  # a K part: out already holds r + ls2 * fc2.bias
+            if HAS_LS:
+                acc = acc * tl.load(ls2_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.atomic_add(out_ptr + offs, acc, mask=mask, sem="relaxed")
+        else:
+            acc += tl.load(b2_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if HAS_LS:
+                acc = acc * tl.load(ls2_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptr + offs, acc + tl.load(r_ptr + offs, mask=mask, other=0.0), mask=mask)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # the interpreter: tile choices as on an H100/H200
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tiles(M: int, S: int, D: int, hidden: int, sms: int, heads: int = 6) -> dict:
+    """Per kernel, its tiles, warps and pipeline stages for M = B*S rows, as measured best on the H200
+    (scripts/block_kernel_sweep.py, docs/bench/h200/2026-12-02/sixth/): 64-row GEMM tiles 128 wide;
+    attention's query tile the largest of 64/32/16 whose grid still covers the SMs; fc2 split over K
+    while its grid would leave SMs idle."""
+    fc2_tiles = _cdiv(M, 64) * _cdiv(D, 64)
+    split = max(1, min(hidden // 128, round(sms / fc2_tiles)))
+    bm_attn = next((bm for bm in (64, 32) if _cdiv(S, bm) * heads * (M // S) >= sms), 16)
+    warps = 8 if M <= 1024 else 4
+    return dict(ln_qkv=dict(BM=64, BN=128, BK=64, num_warps=warps, num_stages=3),
+                attn_proj=dict(BM=bm_attn, BN=64, BO=64, num_warps=4, num_stages=3),
+                ln_fc1=dict(BM=64, BN=128, BK=64, num_warps=8, num_stages=3),
+                fc2_res=dict(BM=64, BN=64, BK=64, num_warps=4, num_stages=3, split=split))
+
+
+def launch_ln_qkv(k, c, x, ln1_w, ln1_b, qkv_w, qkv_b, proj_b, ls1, eps1, qkv, r) -> None:
+    B, S, D = x.shape
+    k[(_cdiv(B * S, c["BM"]), _cdiv(3 * D, c["BN"]))](
+        x, ln1_w, ln1_b, qkv_w, _opt(qkv_b, proj_b), qkv, r, proj_b, _opt(ls1, proj_b), B * S, D, 3 * D, eps1,
+        HAS_BIAS=qkv_b is not None, GELU=False, INIT=True, HAS_S=ls1 is not None,
+        IEEE=qkv_w.dtype == torch.float32, **c)
+
+
+def launch_attn_proj(k, c, qkv, proj_w, ls1, r, num_heads) -> None:
+    B, S, D = r.shape
+    hd = D // num_heads
+    k[(_cdiv(S, c["BM"]), num_heads, B)](
+        qkv, proj_w, _opt(ls1, proj_w), r, S, D, LOG2E / math.sqrt(hd), HAS_LS=ls1 is not None,
+        IEEE=proj_w.dtype == torch.float32, HD=hd, **c)
+
+
+def launch_ln_fc1(k, c, r, ln2_w, ln2_b, fc1_w, fc1_b, fc2_b, ls2, eps2, h, out, init_out: bool) -> None:
+    B, S, D = r.shape
+    hidden = fc1_w.shape[0]
+    k[(_cdiv(B * S, c["BM"]), _cdiv(hidden, c["BN"]))](
+        r, ln2_w, ln2_b, fc1_w, fc1_b, h, out, fc2_b, _opt(ls2, fc2_b), B * S, D, hidden, eps2,
+        HAS_BIAS=True, GELU=True, INIT=init_out, HAS_S=ls2 is not None, IEEE=fc1_w.dtype == torch.float32, **c)
+
+
+def launch_fc2_res(k, c, h, fc2_w, fc2_b, ls2, r, out) -> None:
+    B, S, D = r.shape
+    M, hidden = B * S, fc2_w.shape[1]
+    c = dict(c)
+    split = c.pop("split")
+    kchunk = _cdiv(_cdiv(hidden, split), c["BK"]) * c["BK"]
+    k[(_cdiv(M, c["BM"]), _cdiv(D, c["BN"]), _cdiv(hidden, kchunk))](
+        h, fc2_w, fc2_b, _opt(ls2, fc2_b), r, out, M, D, hidden, kchunk,
+        ATOMIC=split > 1, HAS_LS=ls2 is not None, IEEE=fc2_w.dtype == torch.float32, **c)
+
+
+def _opt(t: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
+    return t if t is not None else other  # an absent tensor's pointer (never read: its flag is off)
+
+
+def _launch(kernels, x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w,
+            fc2_b, ls2, num_heads, eps1, eps2, out, r, qkv, h, sms: int | None = None) -> None:
+    k1, k2, k3, k4 = kernels
+    B, S, D = x.shape
+    t = tiles(B * S, S, D, fc1_w.shape[0], sms or _sm_count(x.device), num_heads)
+    launch_ln_qkv(k1, t["ln_qkv"], x, ln1_w, ln1_b, qkv_w, qkv_b, proj_b, ls1, eps1, qkv, r)
+    launch_attn_proj(k2, t["attn_proj"], qkv, proj_w, ls1, r, num_heads)
+    launch_ln_fc1(k3, t["ln_fc1"], r, ln2_w, ln2_b, fc1_w, fc1_b, fc2_b, ls2, eps2, h, out, t["fc2_res"]["split"] > 1)
+    launch_fc2_res(k4, t["fc2_res"], h, fc2_w, fc2_b, ls2, r, out)
+
+
+def _buffers(x: torch.Tensor, qkv_w: torch.Tensor, hidden: int, fill: float | None = None):
+    """out and r [B,S,D] float32, qkv [M,3D] and h [M,hidden] in the weights' dtype."""
+    B, S, D = x.shape
+    def new(*shape, dtype):
+        if fill is None:
+            return torch.empty(*shape, device=x.device, dtype=dtype)
+        return torch.full(shape, fill, device=x.device, dtype=dtype)
+    return (new(B, S, D, dtype=torch.float32), new(B, S, D, dtype=torch.float32),
+            new(B * S, 3 * D, dtype=qkv_w.dtype), new(B * S, hidden, dtype=qkv_w.dtype))
+
+
+if HAVE_TRITON and not INTERPRET:
+
+    @torch.library.triton_op("depthpack::vit_block", mutates_args=())
+    def _vit_block_op(x: torch.Tensor, ln1_w: torch.Tensor, ln1_b: torch.Tensor, qkv_w: torch.Tensor,
+                      qkv_b: Optional[torch.Tensor], proj_w: torch.Tensor, proj_b: torch.Tensor,
+                      ls1: Optional[torch.Tensor], ln2_w: torch.Tensor, ln2_b: torch.Tensor, fc1_w: torch.Tensor,
+                      fc1_b: torch.Tensor, fc2_w: torch.Tensor, fc2_b: torch.Tensor, ls2: Optional[torch.Tensor],
+                      num_heads: int, eps1: float, eps2: float) -> torch.Tensor:
+        out, r, qkv, h = _buffers(x, qkv_w, fc1_w.shape[0])
+        wrap = torch.library.wrap_triton
+        _launch((wrap(_ln_linear_kernel), wrap(_attn_proj_kernel), wrap(_ln_linear_kernel), wrap(_fc2_res_kernel)),
+                x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, ls2,
+                num_heads, eps1, eps2, out, r, qkv, h)
+        return out
+
+    @_vit_block_op.register_kernel("cpu")
+    def _vit_block_cpu(*args):
+        return vit_block_reference(*args)
+
+
+def _check(x: torch.Tensor, weights: tuple) -> None:
+    qkv_w, fc1_w = weights[2], weights[9]
+    D = x.shape[-1]
+    if x.ndim != 3 or qkv_w.shape != (3 * D, D) or fc1_w.shape[1] != D:
+        raise ValueError(f"vit_block: shapes do not agree: tokens {tuple(x.shape)}, qkv {tuple(qkv_w.shape)}, "
+                         f"fc1 {tuple(fc1_w.shape)}")
+
+
+def fused_blocks(blocks, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens [B,S,D] through timm Blocks (no attention mask), four kernels each on CUDA -> [B,S,D] in the
+    tokens' dtype. CPU tensors or no Triton: the blocks themselves (the reference path)."""
+    if not (HAVE_TRITON and not INTERPRET and tokens.is_cuda):
+        for blk in blocks:
+            tokens = blk(tokens)
+        return tokens
+    if torch.is_grad_enabled() and tokens.requires_grad:
+        raise ValueError("fused_blocks is inference only: run under torch.no_grad() or switch it off to train")
+    x = tokens.contiguous()
+    for blk in blocks:
+        weights = block_weights(blk)
+        _check(x, weights)
+        x = torch.ops.depthpack.vit_block(x, *weights)
+    return x.to(tokens.dtype)
+
+
+def run_interpreted(x: torch.Tensor, *weights, sms: int = 132) -> torch.Tensor:
+    """The four kernels on CPU tensors through Triton's interpreter (tests without a GPU), tiled as for a
+    GPU of `sms` SMs (1: fc2 without the K split). Needs TRITON_INTERPRET=1 in the environment before
+    triton was first imported."""
+    if not INTERPRET:
+        raise RuntimeError("run_interpreted needs TRITON_INTERPRET=1 set before triton is imported")
+    _check(x, weights)
+    bufs = _buffers(x, weights[2], weights[9].shape[0], fill=float("nan"))  # poisoned: unwritten shows
+    _launch((_ln_linear_kernel, _attn_proj_kernel, _ln_linear_kernel, _fc2_res_kernel), x.contiguous(), *weights, *bufs,
+            sms=sms)
+    return bufs[0]
