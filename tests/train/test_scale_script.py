@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_gpu_scale_script_smoke(tmp_path):
     env = {**os.environ, "SCALE_SMOKE": "1", "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
-           "PY": sys.executable}
+           "PY": sys.executable, "EXTRA": "model.anchor_grid=3 seed=1"}  # overrides reach every step
     subprocess.run(["bash", "scripts/gpu_scale.sh"], cwd=ROOT, env=env, check=True, timeout=1500,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp_path / "out"
@@ -23,6 +23,7 @@ def test_gpu_scale_script_smoke(tmp_path):
                             "eval.json", "curve.png", "eval.png"])  # 8 files at most come back from the GPU
     thr = json.loads((out / "throughput.json").read_text())
     assert [r["batch_size"] for r in thr["runs"]] == [4, 8] and all(r["data_path"] == "device" for r in thr["runs"])
+    assert {"model.anchor_grid=3", "seed=1"} <= set(thr["overrides"])
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["throughput"]["data_path"] == "device" and summary["step"] == summary["steps"] > 0
     ev = json.loads((out / "eval.json").read_text())
