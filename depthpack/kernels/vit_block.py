@@ -86,6 +86,8 @@ def block_weights(blk: nn.Module) -> tuple:
         raise ValueError("fused_blocks: the kernels compute the exact (erf) GELU, not the tanh approximation")
     if getattr(attn, "gate", None) is not None or mlp.fc1.bias is None or mlp.fc2.bias is None or attn.proj.bias is None:
         raise ValueError("fused_blocks: gated attention or a linear without bias is not what the kernels compute")
+    if blk.norm1.weight is None or blk.norm2.weight is None or blk.norm1.bias is None or blk.norm2.bias is None:
+        raise ValueError("fused_blocks: the kernels need LayerNorms with weight and bias (elementwise_affine)")
     hd = attn.head_dim if hasattr(attn, "head_dim") else blk.norm1.normalized_shape[0] // attn.num_heads
     if hd < 16 or hd & (hd - 1):
         raise ValueError(f"fused_blocks: head dim {hd} must be a power of two >= 16")

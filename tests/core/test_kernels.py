@@ -181,6 +181,10 @@ def test_fused_blocks_switch_checks_the_blocks_and_falls_back_on_cpu():
     with pytest.raises(ValueError, match="mlp.act is ReLU"):
         m.set_switches(fused_blocks=True)
     assert m.fused_blocks is False  # refused: left off
+    m.backbone.blocks[1].mlp.act = nn.GELU()
+    m.backbone.blocks[0].norm2 = nn.LayerNorm(m.cfg.embed_dim, elementwise_affine=False)
+    with pytest.raises(ValueError, match="LayerNorms with weight and bias"):
+        m.set_switches(fused_blocks=True)
 
 
 @pytest.mark.gpu
