@@ -179,6 +179,14 @@ if [ "$PART" = measure ]; then  # what run 4 of 2026-12-02 left unmeasured: B8 Q
     --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
 fi
 
+fused_block_rows() {  # $1: folder under $W, $2: default time limit; the fused blocks' ladder rows, B1 Q256 and B8 Q512
+  step "ladder rows (vits bf16): plain compile+graph, counting selection, + fused blocks, + embed kernel, + combo"
+  timeout "${BENCH_S:-$2}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
+    --rows packed-compile+graph,lever-count-selection,lever-fused-blocks,lever-fused-blocks+embed,lever-fused-blocks+combo \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/$1" 2>&1 | quiet \
+    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+}
+
 if [ "$PART" = blocks ]; then  # issue 12's fused blocks: tests (beside the runner's build and a .pt2), rows, profile
   ( build_runner && step "export vits bf16 bucket 256, fused_blocks, C++ check (background, beside the tests)" \
     && timeout "${EXPORT_S:-300}" $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
@@ -189,11 +197,7 @@ if [ "$PART" = blocks ]; then  # issue 12's fused blocks: tests (beside the runn
     tests/runtime/test_predictor.py::test_gpu_backends_match_eager_no_sync_no_recapture
   wait $BG_PID; cat "$W/logs/build_export.out" | tee -a "$LOG"
   grep -v -e DEBUG -e '%|' "$W/logs/export_blocks.log" | tail -8 | cut -c1-300 | tee -a "$LOG"
-  step "ladder rows (vits bf16): plain compile+graph, counting selection, + fused blocks, + embed kernel, + combo"
-  timeout "${BENCH_S:-200}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
-    --rows packed-compile+graph,lever-count-selection,lever-fused-blocks,lever-fused-blocks+embed,lever-fused-blocks+combo \
-    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/blocks" 2>&1 | quiet \
-    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  fused_block_rows blocks 200
   step "kernel profile (vits bf16 B1 Q256), fused blocks on"
   timeout "${PROFILE_S:-80}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --fused-embed off --fused-blocks on --out "$W/profile_blocks" 2>&1 | quiet \
@@ -210,9 +214,5 @@ fi
 
 if [ "$PART" = rows ]; then  # the fused blocks' GPU tests, then the ladder rows at B1 Q256 and B8 Q512
   TEST_S=${TEST_S:-120} XDIST=4 gpu_tests tests/core/test_kernels.py
-  step "ladder rows (vits bf16): plain compile+graph, counting selection, + fused blocks, + combo"
-  timeout "${BENCH_S:-150}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
-    --rows packed-compile+graph,lever-count-selection,lever-fused-blocks,lever-fused-blocks+embed,lever-fused-blocks+combo \
-    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/rows" 2>&1 | quiet \
-    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  fused_block_rows rows 150
 fi
