@@ -232,10 +232,11 @@ class DepthPack(nn.Module):
 
     def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         # tokens [B,S,D] -> [B,S,D]; timm's blocks as timm defines them (fused_blocks: as four Triton
-        # kernels each, inference without a mask; the blocks themselves are its reference)
+        # kernels each, or "hybrid": two kernels and torch ops; inference without a mask; the blocks
+        # themselves are its reference)
         if self.fused_blocks and attn_mask is None:
             from ..kernels.vit_block import fused_blocks
-            return self.backbone.norm(fused_blocks(self.backbone.blocks, tokens))
+            return self.backbone.norm(fused_blocks(self.backbone.blocks, tokens, self.fused_blocks, self.mlp_epilogue))
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
             x = blk(x, attn_mask=attn_mask)
@@ -359,7 +360,9 @@ class DepthPack(nn.Module):
 SWITCHES = {"fused_embed": (False, True),  # the Triton gather+embed kernel (depthpack.kernels), CUDA only
             "selection": ("topk", "count"),  # token selection by a counting pass instead of torch.topk
             "mlp_epilogue": (False, True),  # fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue
-            "fused_blocks": (False, True)}  # each ViT block as four Triton kernels (depthpack.kernels), CUDA only
+            # each ViT block as four Triton kernels, or "hybrid": attention + projection + residual and
+            # fc2 + residual as two of them, LayerNorms, QKV and fc1 as torch ops (depthpack.kernels), CUDA only
+            "fused_blocks": (False, True, "hybrid")}
 
 
 def _mlp_with_gelu_epilogue(mlp, x: torch.Tensor) -> torch.Tensor:

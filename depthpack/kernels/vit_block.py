@@ -26,10 +26,13 @@ torch.compile and torch.export trace through it, AOTInductor compiles its kernel
 (plain Triton: sm_80/sm_87 as well as Hopper), and it is capturable in a CUDA graph. CPU tensors or a
 missing Triton take the reference (``vit_block_reference``, the same arithmetic in torch). With
 TRITON_INTERPRET=1 set before Triton is imported, ``run_interpreted`` runs the kernels on CPU tensors.
-Switch: ``DepthPack.fused_blocks`` (default off).
+Switch: ``DepthPack.fused_blocks`` (default off): True for the four kernels, "hybrid" for hybrid_block,
+which keeps kernels 2 and 4 (``depthpack::attn_proj_res``, ``depthpack::fc2_res``) and leaves the
+LayerNorms, QKV and fc1 to Inductor and cuBLAS, where they measured faster than kernels 1 and 3.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -257,19 +260,27 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def attn_tiles(M: int, S: int, sms: int, heads: int) -> dict:
+    """attn_proj: the query tile the largest of 64/32/16 whose grid still covers the SMs."""
+    bm = next((bm for bm in (64, 32) if _cdiv(S, bm) * heads * (M // S) >= sms), 16)
+    return dict(BM=bm, BN=64, BO=64, num_warps=4, num_stages=3)
+
+
+def fc2_tiles(M: int, D: int, hidden: int, sms: int) -> dict:
+    """fc2_res: 64x64 tiles, split over K while its grid would leave SMs idle."""
+    split = max(1, min(hidden // 128, round(sms / (_cdiv(M, 64) * _cdiv(D, 64)))))
+    return dict(BM=64, BN=64, BK=64, num_warps=4, num_stages=3, split=split)
+
+
 def tiles(M: int, S: int, D: int, hidden: int, sms: int, heads: int = 6) -> dict:
     """Per kernel, its tiles, warps and pipeline stages for M = B*S rows, as measured best on the H200
     (scripts/block_kernel_sweep.py, docs/bench/h200/2026-12-02/sixth/): 64-row GEMM tiles 128 wide;
-    attention's query tile the largest of 64/32/16 whose grid still covers the SMs; fc2 split over K
-    while its grid would leave SMs idle."""
-    fc2_tiles = _cdiv(M, 64) * _cdiv(D, 64)
-    split = max(1, min(hidden // 128, round(sms / fc2_tiles)))
-    bm_attn = next((bm for bm in (64, 32) if _cdiv(S, bm) * heads * (M // S) >= sms), 16)
+    attention's and fc2's from attn_tiles and fc2_tiles."""
     warps = 8 if M <= 1024 else 4
     return dict(ln_qkv=dict(BM=64, BN=128, BK=64, num_warps=warps, num_stages=3),
-                attn_proj=dict(BM=bm_attn, BN=64, BO=64, num_warps=4, num_stages=3),
+                attn_proj=attn_tiles(M, S, sms, heads),
                 ln_fc1=dict(BM=64, BN=128, BK=64, num_warps=8, num_stages=3),
-                fc2_res=dict(BM=64, BN=64, BK=64, num_warps=4, num_stages=3, split=split))
+                fc2_res=fc2_tiles(M, D, hidden, sms))
 
 
 def launch_ln_qkv(k, c, x, ln1_w, ln1_b, qkv_w, qkv_b, proj_b, ls1, eps1, qkv, r) -> None:
@@ -333,6 +344,54 @@ def _buffers(x: torch.Tensor, qkv_w: torch.Tensor, hidden: int, fill: float | No
             new(B * S, 3 * D, dtype=qkv_w.dtype), new(B * S, hidden, dtype=qkv_w.dtype))
 
 
+# ---- the hybrid: LayerNorm, QKV and fc1 left to torch ops (Inductor, cuBLAS); the two kernels that win --------
+# The tile sweep (docs/bench/h200/2026-12-02/sixth/) found the LayerNorm-in-prologue GEMMs 1.3-2x slower
+# than Inductor's LayerNorm plus cuBLAS, and attn_proj and fc2_res about 2x faster than torch's kernels
+# for the same steps. fused_blocks="hybrid" takes each from where it is fastest.
+def attn_proj_res(k, qkv: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
+                  ls1: torch.Tensor | None, num_heads: int, sms: int | None = None) -> torch.Tensor:
+    """r = x + ls1 * (attention(qkv) @ proj_w^T + proj_b), float32 [B,S,D], qkv [B*S,3D]. The residual
+    starts in torch (under torch.compile a pointwise op that Inductor fuses with a neighbour); the kernel k
+    (_attn_proj_kernel or its wrap_triton) adds each head's projection into it atomically."""
+    B, S, D = x.shape
+    r = x.float() + (proj_b.float() * ls1.float() if ls1 is not None else proj_b.float())
+    launch_attn_proj(k, attn_tiles(B * S, S, sms or _sm_count(x.device), num_heads), qkv, proj_w, ls1, r, num_heads)
+    return r
+
+
+def fc2_res(k, h: torch.Tensor, fc2_w: torch.Tensor, fc2_b: torch.Tensor, ls2: torch.Tensor | None,
+            r: torch.Tensor, sms: int | None = None) -> torch.Tensor:
+    """out = r + ls2 * (h @ fc2_w^T + fc2_b), float32 [B,S,D], h [B*S,hidden]. Split over K (batch 1): out
+    starts as r + ls2 * fc2_b in torch and the kernel k adds its K parts atomically."""
+    B, S, D = r.shape
+    c = fc2_tiles(B * S, D, fc2_w.shape[1], sms or _sm_count(r.device))
+    if c["split"] > 1:
+        out = r + (fc2_b.float() * ls2.float() if ls2 is not None else fc2_b.float())
+    else:
+        out = torch.empty_like(r)
+    launch_fc2_res(k, c, h, fc2_w, fc2_b, ls2, r, out)
+    return out
+
+
+def hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b,
+                 ls2, num_heads: int, eps1: float, eps2: float, attn_proj, fc2, gelu_epilogue: bool = False):
+    """The block as vit_block_reference rounds it: LayerNorms, QKV and fc1 as torch ops (fc1's bias and GELU
+    in cuBLASLt's epilogue when gelu_epilogue: its tanh GELU, as the mlp_epilogue switch), attention +
+    projection + residual and fc2 + residual by attn_proj(qkv, x, proj_w, proj_b, ls1, num_heads) and
+    fc2(h, fc2_w, fc2_b, ls2, r): the ops on a GPU, the interpreted kernels in run_interpreted."""
+    B, S, D = x.shape
+    dt = qkv_w.dtype
+    x = x.float()
+    h = F.layer_norm(x, (D,), ln1_w.float(), ln1_b.float(), eps1).to(dt).view(B * S, D)
+    r = attn_proj(F.linear(h, qkv_w, qkv_b), x, proj_w, proj_b, ls1, num_heads)
+    h = F.layer_norm(r, (D,), ln2_w.float(), ln2_b.float(), eps2).to(dt).view(B * S, D)
+    if gelu_epilogue:
+        h = torch._addmm_activation(fc1_b, h, fc1_w.t(), use_gelu=True)
+    else:
+        h = F.gelu(F.linear(h, fc1_w, fc1_b).float()).to(dt)
+    return fc2(h, fc2_w, fc2_b, ls2, r)
+
+
 if HAVE_TRITON and not INTERPRET:
 
     @torch.library.triton_op("depthpack::vit_block", mutates_args=())
@@ -352,6 +411,29 @@ if HAVE_TRITON and not INTERPRET:
     def _vit_block_cpu(*args):
         return vit_block_reference(*args)
 
+    @torch.library.triton_op("depthpack::attn_proj_res", mutates_args=())
+    def _attn_proj_res_op(qkv: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
+                          ls1: Optional[torch.Tensor], num_heads: int) -> torch.Tensor:
+        return attn_proj_res(torch.library.wrap_triton(_attn_proj_kernel), qkv, x, proj_w, proj_b, ls1, num_heads)
+
+    @_attn_proj_res_op.register_kernel("cpu")
+    def _attn_proj_res_cpu(qkv, x, proj_w, proj_b, ls1, num_heads):
+        B, S, D = x.shape
+        q, k, v = qkv.view(B, S, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).float()
+        o = F.scaled_dot_product_attention(q, k, v).to(qkv.dtype).transpose(1, 2).reshape(B, S, D)
+        o = F.linear(o, proj_w, proj_b).float()
+        return x.float() + (o * ls1.float() if ls1 is not None else o)
+
+    @torch.library.triton_op("depthpack::fc2_res", mutates_args=())
+    def _fc2_res_op(h: torch.Tensor, fc2_w: torch.Tensor, fc2_b: torch.Tensor, ls2: Optional[torch.Tensor],
+                    r: torch.Tensor) -> torch.Tensor:
+        return fc2_res(torch.library.wrap_triton(_fc2_res_kernel), h, fc2_w, fc2_b, ls2, r)
+
+    @_fc2_res_op.register_kernel("cpu")
+    def _fc2_res_cpu(h, fc2_w, fc2_b, ls2, r):
+        y = F.linear(h, fc2_w, fc2_b).float().view(r.shape)
+        return r + (y * ls2.float() if ls2 is not None else y)
+
 
 def _check(x: torch.Tensor, weights: tuple) -> None:
     qkv_w, fc1_w = weights[2], weights[9]
@@ -361,9 +443,12 @@ def _check(x: torch.Tensor, weights: tuple) -> None:
                          f"fc1 {tuple(fc1_w.shape)}")
 
 
-def fused_blocks(blocks, tokens: torch.Tensor) -> torch.Tensor:
-    """tokens [B,S,D] through timm Blocks (no attention mask), four kernels each on CUDA -> [B,S,D] in the
-    tokens' dtype. CPU tensors or no Triton: the blocks themselves (the reference path)."""
+def fused_blocks(blocks, tokens: torch.Tensor, mode: bool | str = True, gelu_epilogue: bool = False) -> torch.Tensor:
+    """tokens [B,S,D] through timm Blocks (no attention mask) -> [B,S,D] in the tokens' dtype. On CUDA, mode
+    True: four kernels a block (vit_block); "hybrid": hybrid_block (gelu_epilogue: fc1's GELU in cuBLASLt's
+    epilogue). CPU tensors or no Triton: the blocks themselves (the reference path)."""
+    if mode not in (True, "hybrid"):
+        raise ValueError(f"fused_blocks: mode {mode!r} is not True or 'hybrid'")
     if not (HAVE_TRITON and not INTERPRET and tokens.is_cuda):
         for blk in blocks:
             tokens = blk(tokens)
@@ -371,20 +456,27 @@ def fused_blocks(blocks, tokens: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and tokens.requires_grad:
         raise ValueError("fused_blocks is inference only: run under torch.no_grad() or switch it off to train")
     x = tokens.contiguous()
+    ops = torch.ops.depthpack
     for blk in blocks:
         weights = block_weights(blk)
         _check(x, weights)
-        x = torch.ops.depthpack.vit_block(x, *weights)
+        if mode == "hybrid":
+            x = hybrid_block(x, *weights, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res, gelu_epilogue=gelu_epilogue)
+        else:
+            x = ops.vit_block(x, *weights)
     return x.to(tokens.dtype)
 
 
-def run_interpreted(x: torch.Tensor, *weights, sms: int = 132) -> torch.Tensor:
-    """The four kernels on CPU tensors through Triton's interpreter (tests without a GPU), tiled as for a
-    GPU of `sms` SMs (1: fc2 without the K split). Needs TRITON_INTERPRET=1 in the environment before
-    triton was first imported."""
+def run_interpreted(x: torch.Tensor, *weights, sms: int = 132, hybrid: bool = False) -> torch.Tensor:
+    """The block's kernels on CPU tensors through Triton's interpreter (tests without a GPU), tiled as for a
+    GPU of `sms` SMs (1: fc2 without the K split): the four kernels, or hybrid_block with its two. Needs
+    TRITON_INTERPRET=1 in the environment before triton was first imported."""
     if not INTERPRET:
         raise RuntimeError("run_interpreted needs TRITON_INTERPRET=1 set before triton is imported")
     _check(x, weights)
+    if hybrid:
+        return hybrid_block(x.contiguous(), *weights, attn_proj=functools.partial(attn_proj_res, _attn_proj_kernel, sms=sms),
+                            fc2=functools.partial(fc2_res, _fc2_res_kernel, sms=sms))
     bufs = _buffers(x, weights[2], weights[9].shape[0], fill=float("nan"))  # poisoned: unwritten shows
     _launch((_ln_linear_kernel, _attn_proj_kernel, _ln_linear_kernel, _fc2_res_kernel), x.contiguous(), *weights, *bufs,
             sms=sms)

@@ -150,7 +150,7 @@ class Predictor:
     dtype          the compute dtype of the Predictor's copy of the model
     color          the channel order of uint8 frames (bgr from OpenCV, or rgb); predict(color=) overrides
     switches       the model's fast paths (depthpack.core.model.SWITCHES: fused_embed, selection,
-                   mlp_epilogue), e.g. {"selection": "count"}
+                   mlp_epilogue, fused_blocks), e.g. {"selection": "count", "fused_blocks": "hybrid"}
     compile_options  Inductor settings for torch.compile (e.g. {"combo_kernels": True}), merged over
                    compile_mode's
     buckets        another bucket ladder than the model's (its cores run any bucket)

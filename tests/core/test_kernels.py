@@ -133,8 +133,9 @@ def _block_case(B, S, D, H, hidden, layerscale, seed=0, qkv_bias=True, dtype=tor
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton for its interpreter")
-def test_block_kernels_in_triton_interpreter_match_reference():
-    code = textwrap.dedent("""
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_block_kernels_in_triton_interpreter_match_reference(hybrid):
+    code = textwrap.dedent(f"""
         from depthpack.kernels.vit_block import run_interpreted, vit_block_reference
         from test_kernels import _block_case
         worst = 0.0
@@ -143,12 +144,25 @@ def test_block_kernels_in_triton_interpreter_match_reference():
         for i, (shape, sms) in enumerate([((2, 37, 96, 3, 384, True), 132), ((1, 70, 64, 2, 200, False), 132),
                                           ((3, 5, 32, 2, 128, True), 1), ((1, 300, 64, 2, 256, True), 1)]):
             x, w = _block_case(*shape, seed=200 + i, qkv_bias=i != 2)
-            got, want = run_interpreted(x, *w, sms=sms), vit_block_reference(x, *w)
+            got, want = run_interpreted(x, *w, sms=sms, hybrid={hybrid}), vit_block_reference(x, *w)
             assert not got.isnan().any(), "unwritten output"
             worst = max(worst, ((got - want).norm() / want.norm()).item())
         print(worst)
     """)
     assert _interpreted(code) < 1e-5
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="the ops are registered where triton imports")
+def test_hybrid_block_ops_on_cpu_match_reference():
+    """hybrid_block through the registered ops' CPU kernels (torch arithmetic) equals the reference: the
+    composition (LayerNorms, QKV and fc1 around the two ops) is the reference's."""
+    from depthpack.kernels.vit_block import hybrid_block, vit_block_reference  # (registers the ops)
+
+    ops = torch.ops.depthpack
+    for i, shape in enumerate([(2, 37, 96, 3, 384, True), (1, 70, 64, 2, 200, False)]):
+        x, w = _block_case(*shape, seed=400 + i, qkv_bias=i == 0)
+        got = hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res)
+        torch.testing.assert_close(got, vit_block_reference(x, *w), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("init_values", [None, 0.5])
@@ -174,8 +188,11 @@ def test_fused_blocks_switch_checks_the_blocks_and_falls_back_on_cpu():
     images, points = torch.rand(2, 3, 64, 64), torch.rand(2, 16, 2) * 63.9
     with torch.no_grad():
         off = m.forward_packed(images, points, 16)
-        m.set_switches(fused_blocks=True)  # CPU tensors: the blocks themselves
-        torch.testing.assert_close(m.forward_packed(images, points, 16), off, rtol=0, atol=0)
+        for mode in (True, "hybrid"):
+            m.set_switches(fused_blocks=mode)  # CPU tensors: the blocks themselves
+            torch.testing.assert_close(m.forward_packed(images, points, 16), off, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unknown switch fused_blocks='all'"):
+        m.set_switches(fused_blocks="all")
     m.set_switches(fused_blocks=False)
     m.backbone.blocks[1].mlp.act = nn.ReLU()
     with pytest.raises(ValueError, match="mlp.act is ReLU"):
@@ -189,14 +206,24 @@ def test_fused_blocks_switch_checks_the_blocks_and_falls_back_on_cpu():
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("kind", ["four", "hybrid", "hybrid+epilogue"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
-def test_gpu_block_kernels_match_reference_eager_compiled_graphed(dtype, tol):
-    """vits at batch 1 and 321 tokens (B1 Q256: fc2 split over K), at batch 8 and 577 tokens (fc2 whole),
-    and an odd shape; against the float32 reference, eager, compiled and replayed from a CUDA graph."""
+def test_gpu_block_kernels_match_reference_eager_compiled_graphed(kind, dtype, tol):
+    """The four-kernel block and the hybrid (with and without fc1's GELU epilogue): vits at batch 1 and
+    321 tokens (B1 Q256: fc2 split over K), at batch 8 and 577 tokens (fc2 whole), and an odd shape;
+    against the float32 reference, eager, compiled and replayed from a CUDA graph."""
     from depthpack.kernels.vit_block import vit_block_reference
 
+    from depthpack.kernels.vit_block import hybrid_block
+
     torch._dynamo.reset()
-    op = torch.ops.depthpack.vit_block
+    ops = torch.ops.depthpack
+    op = {"four": ops.vit_block,
+          "hybrid": lambda x, *w: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res),
+          "hybrid+epilogue": lambda x, *w: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res,
+                                                        gelu_epilogue=True)}[kind]
+    if kind == "hybrid+epilogue" and dtype == torch.float32:
+        tol = 1e-3  # cuBLASLt's tanh GELU against the reference's erf GELU
     for seed, shape in enumerate([(1, 321, 384, 6, 1536, True), (8, 577, 384, 6, 1536, False),
                                   (3, 37, 96, 3, 200, True)]):
         x, w = _block_case(*shape, seed=300 + seed, dtype=dtype, device="cuda")
@@ -216,7 +243,8 @@ def test_gpu_block_kernels_match_reference_eager_compiled_graphed(dtype, tol):
 
 @pytest.mark.gpu
 @cuda
-def test_gpu_fused_blocks_model_matches_plain_and_float32_masked():
+@pytest.mark.parametrize("mode", [True, "hybrid"])
+def test_gpu_fused_blocks_model_matches_plain_and_float32_masked(mode):
     """vits bf16 with the switch on: within bf16 rounding of the switch off, and within the fast paths'
     bound (5 mm on random vits weights, the issue's) of the float32 masked path."""
     from depthpack.core.model import random_weights_
@@ -231,6 +259,6 @@ def test_gpu_fused_blocks_model_matches_plain_and_float32_masked():
     with torch.inference_mode():
         masked = m32.forward_masked(images, points)
         off = m16.forward_packed(images, points, 256)
-        on = m16.set_switches(fused_blocks=True).forward_packed(images, points, 256)
+        on = m16.set_switches(fused_blocks=mode).forward_packed(images, points, 256)
     assert (on - off).abs().max().item() < 3e-2 * off.abs().max().item()
     assert (on - masked).abs().max().item() <= max(5e-3, 1.5 * (off - masked).abs().max().item())
