@@ -3,17 +3,20 @@
 # for bucket 256, as image packages (the runner preprocesses on the device) and as frame packages
 # (640x480 bgr8 in, preprocessing inside); 60 raw 640x480 bgr8 frames from a file, 256 points each;
 # depthpack_run --raw reports the latency of Runner::predict, with and without the read.
+#   CPP_KINDS="images frames" (default both), CPP_EXPORT_ARGS="--switches ... --inductor ..." (the
+#   packages' fast paths), CPP_TAG=NAME (results in $W/cpp_loop_NAME instead of $W/cpp_loop)
 set -u -o pipefail
 W=$1
 PY=${PY:-python3}
 RUN=$W/cpp_build/depthpack_run
-L=$W/cpp_loop
+L=$W/cpp_loop${CPP_TAG:+_$CPP_TAG}
 mkdir -p "$L"
 KINDS=${CPP_KINDS:-images frames}
+read -r -a EXPORT_ARGS <<< "${CPP_EXPORT_ARGS:-}"
 for kind in $KINDS; do
   extra=$([ $kind = frames ] && echo "--frame-size 640x480 --frame-format bgr8")
   timeout 240 $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 --cpp-runner "$RUN" \
-    --out "$L/vits_$kind" $extra >"$L/export_$kind.log" 2>&1 &
+    --out "$L/vits_$kind" $extra "${EXPORT_ARGS[@]}" >"$L/export_$kind.log" 2>&1 &
 done
 $PY - "$L" <<'PYEOF'
 import sys, numpy as np

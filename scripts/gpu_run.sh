@@ -15,6 +15,10 @@
 #   PART=rows OUT=DIR bash scripts/gpu_run.sh    # the fused blocks' GPU tests and ladder rows alone
 #   PART=blocks OUT=DIR bash scripts/gpu_run.sh  # the fused ViT blocks: their GPU tests, the ladder rows at B1 Q256
 #                                                # and B8 Q512, the kernel profile, a .pt2 through the C++ runner
+#   PART=hybrid OUT=DIR bash scripts/gpu_run.sh  # the hybrid blocks: GPU tests, two .pt2 through the C++ runner
+#                                                # (its latency), the ladder rows, the kernel profile
+#   PART=frameloop OUT=DIR bash scripts/gpu_run.sh  # the C++ frame loop with the levers, without and with
+#                                                # the hybrid blocks; the hybrid's kernel profile at B8 Q512
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -210,6 +214,50 @@ if [ "$PART" = sweep ]; then  # the fused block's kernels: each tile candidate t
   echo "sweep exit $?" | tee -a "$LOG"
   grep -E '^(B[0-9]|- B)' "$W/logs/sweep.log" | tee -a "$LOG"
   tail -5 "$W/logs/sweep.log" | grep -i error | tee -a "$LOG"
+fi
+
+if [ "$PART" = hybrid ]; then  # issue 12's hybrid blocks: GPU tests beside two .pt2 exports (the best Inductor
+  # levers, and the same + fused_blocks=hybrid), then on a quiet host the C++ runner's latency on each, the
+  # ladder rows at B1 Q256 and B8 Q512, and the kernel profile
+  ( build_runner
+    for v in "levers:selection=count,mlp_epilogue=true" "hybrid:selection=count,mlp_epilogue=true,fused_blocks=hybrid"; do
+      timeout "${EXPORT_S:-300}" $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
+        --switches "${v#*:}" --inductor combo_kernels=true --cpp-runner "$W/cpp_build/depthpack_run" \
+        --out "$W/export_${v%%:*}" >"$W/logs/export_${v%%:*}.log" 2>&1 &
+    done; wait ) > "$W/logs/build_export.out" 2>&1 &
+  BG_PID=$!
+  TEST_S=${TEST_S:-200} XDIST=4 gpu_tests tests/core/test_kernels.py \
+    tests/runtime/test_predictor.py::test_gpu_backends_match_eager_no_sync_no_recapture
+  wait $BG_PID; cat "$W/logs/build_export.out" | tee -a "$LOG"
+  for name in levers hybrid; do
+    step "export $name: $(grep -v -e DEBUG -e '%|' "$W/logs/export_$name.log" | tail -2 | cut -c1-250 | tr '\n' ' ')"
+    [ -f "$W/export_$name/manifest.json" ] && timeout 60 "$W/cpp_build/depthpack_run" --manifest "$W/export_$name/manifest.json" \
+      --check "$W/export_$name/reference.safetensors" --bench 500 2>&1 | tail -3 | tee -a "$LOG"
+  done
+  step "ladder rows (vits bf16): plain, the Inductor levers, four-kernel blocks, hybrid blocks"
+  timeout "${BENCH_S:-220}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
+    --rows packed-compile+graph,lever-mlp-epilogue,lever-combo-kernels,lever-fused-blocks,lever-hybrid-blocks,lever-hybrid-blocks+combo \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/hybrid" 2>&1 | quiet \
+    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  step "kernel profile (vits bf16 B1 Q256), hybrid blocks + mlp epilogue"
+  timeout "${PROFILE_S:-70}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --fused-embed off --fused-blocks hybrid --mlp-epilogue on --out "$W/profile_hybrid" 2>&1 | quiet \
+    | grep -E 'kernels per forward|^\| ' | head -44 | tee -a "$LOG"
+fi
+
+if [ "$PART" = frameloop ]; then  # the robot's latency: the C++ frame loop (640x480 bgr8 frames from the host,
+  # frame packages) with the best Inductor levers, then the same + hybrid blocks; then the B8 profile
+  build_runner
+  for v in "levers:--switches selection=count,mlp_epilogue=true --inductor combo_kernels=true" \
+           "hybrid:--switches selection=count,mlp_epilogue=true,fused_blocks=hybrid --inductor combo_kernels=true"; do
+    step "the C++ frame loop, frame package, ${v%%:*}: ${v#*:}"
+    CPP_KINDS=frames CPP_TAG=${v%%:*} CPP_EXPORT_ARGS="${v#*:}" timeout "${CPP_S:-170}" bash scripts/cpp_frame_loop.sh "$W" \
+      2>&1 | tail -3 | tee -a "$LOG"
+  done
+  step "kernel profile (vits bf16 B8 Q512), hybrid blocks + mlp epilogue"
+  timeout "${PROFILE_S:-90}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 8 --queries 512 \
+    --fused-embed off --fused-blocks hybrid --mlp-epilogue on --out "$W/profile_hybrid_b8" 2>&1 | quiet \
+    | grep -E 'kernels per forward|^\| ' | head -70 | tee -a "$LOG"
 fi
 
 if [ "$PART" = rows ]; then  # the fused blocks' GPU tests, then the ladder rows at B1 Q256 and B8 Q512

@@ -119,7 +119,11 @@ _L7 = step(_L6, "lever-fused-blocks+embed", "Triton gather+embed kernel", defaul
            switches=(("fused_embed", True),))
 _L8 = step(_L7, "lever-fused-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
            compile_options=(("combo_kernels", True),))
-LEVERS = (_L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8)
+_L9 = step(_L2, "lever-hybrid-blocks", "attention+proj+residual and fc2+residual as 2 Triton kernels a block, "
+           "LayerNorms, QKV and fc1 left to Inductor and cuBLAS", default=False, switches=(("fused_blocks", "hybrid"),))
+_L10 = step(_L9, "lever-hybrid-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
+            compile_options=(("combo_kernels", True),))
+LEVERS = (_L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10)
 LADDER = LADDER + LEVERS
 ROWS = {r.name: r for r in LADDER}
 GROUPS = {"levers": ("packed-compile+graph",) + tuple(r.name for r in LEVERS)}

@@ -8,7 +8,9 @@ forward under torch.profiler and reports kernels per forward, GPU busy time per 
 durations) by category (GEMM, attention, Triton fused, selection/topk, elementwise, other) and the top
 kernels; then times the CUDA graph replay of the same forward. Busy time close to replay time means
 the kernels themselves are the cost (count x small-matrix inefficiency); a gap means bubbles between
-dependent kernels. Writes DIR/profile.md (the JSON is the last line of stdout).
+dependent kernels. Last, where the host time of one captured call + sync goes (host_split): the torch
+ops and CUDA runtime calls the host makes per call, against the call's wall time. Writes
+DIR/profile.md (the JSON is the last line of stdout).
 """
 from __future__ import annotations
 
@@ -68,14 +70,36 @@ def profile_forward(fn, calls: int = 20) -> dict:
                 kernels=[dict(name=n[:200], us=round(t, 3), launches=c, category=category(n)) for t, c, n in every])
 
 
+def host_split(fn, calls: int = 50) -> dict:
+    """The host side of `calls` calls of fn, each followed by a device sync, under torch.profiler's CPU
+    activity: per call, the wall time and the self time of each torch op and CUDA runtime call (what the
+    host does besides waiting: the profiler's own cost inflates these a little)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    rows = sorted(((e.self_cpu_time_total / calls, e.count / calls, e.key) for e in prof.key_averages()), reverse=True)
+    return dict(wall_us_per_call=round(1e6 * wall / calls, 1),
+                host_top=[dict(us_per_call=round(t, 2), per_call=round(c, 2), name=n[:100]) for t, c, n in rows[:14]])
+
+
 def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: bool = False,
-        fused_blocks: bool = False) -> dict:
+        fused_blocks: bool | str = False, mlp_epilogue: bool = False) -> dict:
     """For the graph and compile+graph backends: the kernels of one un-replayed forward
     (Predictor.predict_uncaptured) under the profiler, and the latency of the captured one."""
     from ..runtime.graphs import summarize, time_calls
 
     report = dict(preset=preset, dtype=str(dtype).replace("torch.", ""), batch=batch, queries=queries,
-                  fused_embed=fused_embed, fused_blocks=fused_blocks, backends={})
+                  fused_embed=fused_embed, fused_blocks=fused_blocks, mlp_epilogue=mlp_epilogue, backends={})
     torch.manual_seed(0)
     model = create_model(preset).eval()
     H, W = model.cfg.img_size
@@ -84,7 +108,8 @@ def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: 
     points = (torch.rand(batch, queries, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).cuda()
     for backend in ("graph", "compile+graph"):
         pred = Predictor(model, device="cuda", dtype=dtype, backend=backend, batch_size=batch,
-                         switches={"fused_embed": fused_embed, "fused_blocks": fused_blocks}, validate=False)
+                         switches={"fused_embed": fused_embed, "fused_blocks": fused_blocks,
+                                   "mlp_epilogue": mlp_epilogue}, validate=False)
         bucket = pred.bucket_for(queries)
         pred.warmup(buckets=(bucket,))
         dev = torch.device("cuda")
@@ -93,6 +118,7 @@ def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: 
             back_to_back = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5,
                                                 sync_each=False))
             prof = profile_forward(lambda: pred.predict_uncaptured(images, points))
+            prof["host"] = host_split(lambda: pred.predict(images, points))
         prof.update(bucket=bucket, graph_replay_ms=back_to_back["median_ms"], latency_ms=latency["median_ms"])
         report["backends"][backend] = prof
     return report
@@ -101,7 +127,8 @@ def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: 
 def markdown(report: dict) -> str:
     r = report
     lines = [f"# Profile of the packed forward ({r['preset']} {r['dtype']}, batch {r['batch']}, {r['queries']} "
-             f"queries, fused_embed={r['fused_embed']}, fused_blocks={r.get('fused_blocks', False)})", ""]
+             f"queries, fused_embed={r['fused_embed']}, fused_blocks={r.get('fused_blocks', False)}, "
+             f"mlp_epilogue={r.get('mlp_epilogue', False)})", ""]
     for name, p in r["backends"].items():
         lines += [f"## {name} (bucket {p['bucket']})", "",
                   f"{p['kernels_per_call']:.0f} kernels per forward, GPU busy {p['busy_us_per_call']:.1f} us per "
@@ -111,6 +138,10 @@ def markdown(report: dict) -> str:
         lines += [f"| {c} | {v:.1f} |" for c, v in p["categories_us"].items()]
         lines += ["", "| us per forward | launches per forward | kernel |", "|---|---|---|"]
         lines += [f"| {t['us_per_call']:.1f} | {t['per_call']:.0f} | `{t['name']}` |" for t in p["top"]]
+        if "host" in p:
+            lines += ["", f"Host side of one captured call + sync under the profiler: {p['host']['wall_us_per_call']:.1f} "
+                      "us wall per call", "", "| host us per call (self) | calls per call | op or runtime call |", "|---|---|---|"]
+            lines += [f"| {t['us_per_call']:.1f} | {t['per_call']:.2f} | `{t['name']}` |" for t in p["host"]["host_top"]]
         lines.append("")
     return "\n".join(lines)
 
@@ -123,22 +154,25 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--fused-embed", choices=("off", "on", "both"), default="both",
                     help="the Triton gather+embed kernel off, on, or a report of each")
-    ap.add_argument("--fused-blocks", choices=("off", "on"), default="off",
-                    help="each ViT block as four Triton kernels (the fused_blocks switch)")
+    ap.add_argument("--fused-blocks", choices=("off", "on", "hybrid"), default="off",
+                    help="each ViT block as four Triton kernels, or the hybrid's two (the fused_blocks switch)")
+    ap.add_argument("--mlp-epilogue", choices=("off", "on"), default="off",
+                    help="fc1 + bias + GELU as one cuBLASLt GEMM (the mlp_epilogue switch)")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("depthpack.bench.profile needs a CUDA device")
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.fused_embed]
-    reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused, args.fused_blocks == "on")
-               for fused in variants]
+    blocks = {"off": False, "on": True, "hybrid": "hybrid"}[args.fused_blocks]
+    reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused, blocks,
+                   args.mlp_epilogue == "on") for fused in variants]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = "\n".join(markdown(r) for r in reports)
     (out / "profile.md").write_text(md)
     # one flat record per forward, the format depthpack.bench.orin --profile reads
     flat = [dict(p, backend=name, preset=r["preset"], batch=r["batch"], dtype=r["dtype"], fused_embed=r["fused_embed"],
-                 fused_blocks=r["fused_blocks"],
+                 fused_blocks=r["fused_blocks"], mlp_epilogue=r["mlp_epilogue"],
                  device=torch.cuda.get_device_name()) for r in reports for name, p in r["backends"].items()]
     (out / "profile.json").write_text(json.dumps(flat, indent=1))
     print(md)
