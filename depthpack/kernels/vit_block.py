@@ -53,23 +53,50 @@ LOG2E = 1.4426950408889634
 
 
 # ---- the reference: the kernels' arithmetic in torch ------------------------------------------------
-def vit_block_reference(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b,
-                        fc2_w, fc2_b, ls2, num_heads: int, eps1: float, eps2: float) -> torch.Tensor:
-    """x [B,S,D] (any float dtype) -> the block's output [B,S,D] float32, as the kernels round: the
-    residual stream in float32, the GEMMs' inputs in the weights' dtype. Weights as timm's Block holds
-    them; ls1/ls2 None (no LayerScale) or [D]; qkv_b may be None."""
+def attn_proj_res_reference(qkv, x, proj_w, proj_b, ls1, num_heads: int) -> torch.Tensor:
+    """r = x + ls1 * (attention(qkv) @ proj_w^T + proj_b) [B,S,D] float32; qkv [B*S,3D] in the weights'
+    dtype, attention in float32, its output rounded to that dtype before the projection."""
+    B, S, D = x.shape
+    q, k, v = qkv.view(B, S, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).float()
+    o = F.scaled_dot_product_attention(q, k, v).to(qkv.dtype).transpose(1, 2).reshape(B, S, D)
+    o = F.linear(o, proj_w, proj_b).float()
+    return x.float() + (o * ls1.float() if ls1 is not None else o)
+
+
+def fc2_res_reference(h, fc2_w, fc2_b, ls2, r) -> torch.Tensor:
+    """out = r + ls2 * (h @ fc2_w^T + fc2_b) [B,S,D] float32; h [B*S,hidden]."""
+    y = F.linear(h, fc2_w, fc2_b).float().view(r.shape)
+    return r + (y * ls2.float() if ls2 is not None else y)
+
+
+def hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b,
+                 ls2, num_heads: int, eps1: float, eps2: float, attn_proj=attn_proj_res_reference,
+                 fc2=fc2_res_reference, gelu_epilogue: bool = False) -> torch.Tensor:
+    """One block, x [B,S,D] (any float dtype) -> [B,S,D] float32: the residual stream in float32, the
+    GEMMs' inputs in the weights' dtype. LayerNorms, QKV and fc1 as torch ops (fc1's bias and GELU in
+    cuBLASLt's epilogue when gelu_epilogue: its tanh GELU, as the mlp_epilogue switch); attention +
+    projection + residual by attn_proj(qkv, x, proj_w, proj_b, ls1, num_heads), fc2 + residual by
+    fc2(h, fc2_w, fc2_b, ls2, r). With the torch references for those two it is the reference every
+    form is held to (vit_block_reference); fused_blocks="hybrid" passes the kernels' ops."""
+    B, S, D = x.shape
     dt = qkv_w.dtype
     x = x.float()
-    B, S, D = x.shape
-    h = F.layer_norm(x, (D,), ln1_w.float(), ln1_b.float(), eps1).to(dt)
-    qkv = F.linear(h, qkv_w, qkv_b).reshape(B, S, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4)
-    o = F.scaled_dot_product_attention(qkv[0].float(), qkv[1].float(), qkv[2].float()).to(dt)
-    o = F.linear(o.transpose(1, 2).reshape(B, S, D), proj_w, proj_b).float()
-    r = x + (o * ls1.float() if ls1 is not None else o)
-    h = F.layer_norm(r, (D,), ln2_w.float(), ln2_b.float(), eps2).to(dt)
-    h = F.gelu(F.linear(h, fc1_w, fc1_b).float()).to(dt)
-    y = F.linear(h, fc2_w, fc2_b).float()
-    return r + (y * ls2.float() if ls2 is not None else y)
+    h = F.layer_norm(x, (D,), ln1_w.float(), ln1_b.float(), eps1).to(dt).view(B * S, D)
+    r = attn_proj(F.linear(h, qkv_w, qkv_b), x, proj_w, proj_b, ls1, num_heads)
+    h = F.layer_norm(r, (D,), ln2_w.float(), ln2_b.float(), eps2).to(dt).view(B * S, D)
+    if gelu_epilogue:
+        h = torch._addmm_activation(fc1_b, h, fc1_w.t(), use_gelu=True)
+    else:
+        h = F.gelu(F.linear(h, fc1_w, fc1_b).float()).to(dt)
+    return fc2(h, fc2_w, fc2_b, ls2, r)
+
+
+def vit_block_reference(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b,
+                        fc2_w, fc2_b, ls2, num_heads: int, eps1: float, eps2: float) -> torch.Tensor:
+    """x [B,S,D] (any float dtype) -> the block's output [B,S,D] float32, as the kernels round.
+    Weights as timm's Block holds them; ls1/ls2 None (no LayerScale) or [D]; qkv_b may be None."""
+    return hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w,
+                        fc2_b, ls2, num_heads, eps1, eps2)
 
 
 def block_weights(blk: nn.Module) -> tuple:
@@ -373,25 +400,6 @@ def fc2_res(k, h: torch.Tensor, fc2_w: torch.Tensor, fc2_b: torch.Tensor, ls2: t
     return out
 
 
-def hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b,
-                 ls2, num_heads: int, eps1: float, eps2: float, attn_proj, fc2, gelu_epilogue: bool = False):
-    """The block as vit_block_reference rounds it: LayerNorms, QKV and fc1 as torch ops (fc1's bias and GELU
-    in cuBLASLt's epilogue when gelu_epilogue: its tanh GELU, as the mlp_epilogue switch), attention +
-    projection + residual and fc2 + residual by attn_proj(qkv, x, proj_w, proj_b, ls1, num_heads) and
-    fc2(h, fc2_w, fc2_b, ls2, r): the ops on a GPU, the interpreted kernels in run_interpreted."""
-    B, S, D = x.shape
-    dt = qkv_w.dtype
-    x = x.float()
-    h = F.layer_norm(x, (D,), ln1_w.float(), ln1_b.float(), eps1).to(dt).view(B * S, D)
-    r = attn_proj(F.linear(h, qkv_w, qkv_b), x, proj_w, proj_b, ls1, num_heads)
-    h = F.layer_norm(r, (D,), ln2_w.float(), ln2_b.float(), eps2).to(dt).view(B * S, D)
-    if gelu_epilogue:
-        h = torch._addmm_activation(fc1_b, h, fc1_w.t(), use_gelu=True)
-    else:
-        h = F.gelu(F.linear(h, fc1_w, fc1_b).float()).to(dt)
-    return fc2(h, fc2_w, fc2_b, ls2, r)
-
-
 if HAVE_TRITON and not INTERPRET:
 
     @torch.library.triton_op("depthpack::vit_block", mutates_args=())
@@ -416,23 +424,14 @@ if HAVE_TRITON and not INTERPRET:
                           ls1: Optional[torch.Tensor], num_heads: int) -> torch.Tensor:
         return attn_proj_res(torch.library.wrap_triton(_attn_proj_kernel), qkv, x, proj_w, proj_b, ls1, num_heads)
 
-    @_attn_proj_res_op.register_kernel("cpu")
-    def _attn_proj_res_cpu(qkv, x, proj_w, proj_b, ls1, num_heads):
-        B, S, D = x.shape
-        q, k, v = qkv.view(B, S, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).float()
-        o = F.scaled_dot_product_attention(q, k, v).to(qkv.dtype).transpose(1, 2).reshape(B, S, D)
-        o = F.linear(o, proj_w, proj_b).float()
-        return x.float() + (o * ls1.float() if ls1 is not None else o)
+    _attn_proj_res_op.register_kernel("cpu")(attn_proj_res_reference)
 
     @torch.library.triton_op("depthpack::fc2_res", mutates_args=())
     def _fc2_res_op(h: torch.Tensor, fc2_w: torch.Tensor, fc2_b: torch.Tensor, ls2: Optional[torch.Tensor],
                     r: torch.Tensor) -> torch.Tensor:
         return fc2_res(torch.library.wrap_triton(_fc2_res_kernel), h, fc2_w, fc2_b, ls2, r)
 
-    @_fc2_res_op.register_kernel("cpu")
-    def _fc2_res_cpu(h, fc2_w, fc2_b, ls2, r):
-        y = F.linear(h, fc2_w, fc2_b).float().view(r.shape)
-        return r + (y * ls2.float() if ls2 is not None else y)
+    _fc2_res_op.register_kernel("cpu")(fc2_res_reference)
 
 
 def _check(x: torch.Tensor, weights: tuple) -> None:

@@ -152,19 +152,6 @@ def test_block_kernels_in_triton_interpreter_match_reference(hybrid):
     assert _interpreted(code) < 1e-5
 
 
-@pytest.mark.skipif(not HAVE_TRITON, reason="the ops are registered where triton imports")
-def test_hybrid_block_ops_on_cpu_match_reference():
-    """hybrid_block through the registered ops' CPU kernels (torch arithmetic) equals the reference: the
-    composition (LayerNorms, QKV and fc1 around the two ops) is the reference's."""
-    from depthpack.kernels.vit_block import hybrid_block, vit_block_reference  # (registers the ops)
-
-    ops = torch.ops.depthpack
-    for i, shape in enumerate([(2, 37, 96, 3, 384, True), (1, 70, 64, 2, 200, False)]):
-        x, w = _block_case(*shape, seed=400 + i, qkv_bias=i == 0)
-        got = hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res)
-        torch.testing.assert_close(got, vit_block_reference(x, *w), rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("init_values", [None, 0.5])
 def test_block_reference_is_timms_block(init_values):
     """The reference the kernels are held to computes timm's Block (with and without LayerScale)."""
