@@ -19,6 +19,8 @@
 #                                                # (its latency), the ladder rows, the kernel profile
 #   PART=frameloop OUT=DIR bash scripts/gpu_run.sh  # the C++ frame loop with the levers, without and with
 #                                                # the hybrid blocks; the hybrid's kernel profile at B8 Q512
+#   PART=persistent OUT=DIR bash scripts/gpu_run.sh  # the persistent blocks: GPU tests beside a .pt2 through the
+#                                                # C++ runner, ladder rows against the hybrid, the kernel profile
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -263,4 +265,30 @@ fi
 if [ "$PART" = rows ]; then  # the fused blocks' GPU tests, then the ladder rows at B1 Q256 and B8 Q512
   TEST_S=${TEST_S:-120} XDIST=4 gpu_tests tests/core/test_kernels.py
   fused_block_rows rows 150
+fi
+
+if [ "$PART" = persistent ]; then  # issue 12's persistent blocks (one launch a block): the kernels' GPU tests beside
+  # the runner's build and a .pt2 with them, then on a quiet host the C++ runner's latency, the ladder rows
+  # (plain, counting selection, the hybrid's best row, persistent blocks with and without combo) and the profile
+  ( build_runner
+    timeout "${EXPORT_S:-300}" $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
+      --switches selection=count,fused_blocks=persistent --inductor combo_kernels=true \
+      --cpp-runner "$W/cpp_build/depthpack_run" --out "$W/export_persistent" >"$W/logs/export_persistent.log" 2>&1
+    echo "export exit $?" ) > "$W/logs/build_export.out" 2>&1 &
+  BG_PID=$!
+  TEST_S=${TEST_S:-200} XDIST=4 gpu_tests tests/core/test_kernels.py
+  wait $BG_PID; cat "$W/logs/build_export.out" | tee -a "$LOG"
+  step "export persistent: $(grep -v -e DEBUG -e '%|' "$W/logs/export_persistent.log" | tail -2 | cut -c1-250 | tr '\n' ' ')"
+  [ -f "$W/export_persistent/manifest.json" ] && timeout 60 "$W/cpp_build/depthpack_run" \
+    --manifest "$W/export_persistent/manifest.json" --check "$W/export_persistent/reference.safetensors" --bench 500 \
+    2>&1 | tail -3 | tee -a "$LOG"
+  step "ladder rows (vits bf16): plain, counting selection, hybrid + combo, persistent blocks (+ combo)"
+  timeout "${BENCH_S:-220}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
+    --rows packed-compile+graph,lever-count-selection,lever-hybrid-blocks+combo,lever-persistent-blocks,lever-persistent-blocks+combo \
+    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/persistent" 2>&1 | quiet \
+    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  step "kernel profile (vits bf16 B1 Q256), persistent blocks"
+  timeout "${PROFILE_S:-70}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --fused-embed off --fused-blocks persistent --out "$W/profile_persistent" 2>&1 | quiet \
+    | grep -E 'kernels per forward|^\| ' | head -44 | tee -a "$LOG"
 fi

@@ -123,7 +123,11 @@ _L9 = step(_L2, "lever-hybrid-blocks", "attention+proj+residual and fc2+residual
            "LayerNorms, QKV and fc1 left to Inductor and cuBLAS", default=False, switches=(("fused_blocks", "hybrid"),))
 _L10 = step(_L9, "lever-hybrid-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
             compile_options=(("combo_kernels", True),))
-LEVERS = (_L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10)
+_L11 = step(_L1, "lever-persistent-blocks", "each ViT block as one persistent Triton kernel (the four as phases, "
+            "grid barriers between them)", default=False, switches=(("fused_blocks", "persistent"),))
+_L12 = step(_L11, "lever-persistent-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
+            compile_options=(("combo_kernels", True),))
+LEVERS = (_L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10, _L11, _L12)
 LADDER = LADDER + LEVERS
 ROWS = {r.name: r for r in LADDER}
 GROUPS = {"levers": ("packed-compile+graph",) + tuple(r.name for r in LEVERS)}

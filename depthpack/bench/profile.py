@@ -154,8 +154,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--fused-embed", choices=("off", "on", "both"), default="both",
                     help="the Triton gather+embed kernel off, on, or a report of each")
-    ap.add_argument("--fused-blocks", choices=("off", "on", "hybrid"), default="off",
-                    help="each ViT block as four Triton kernels, or the hybrid's two (the fused_blocks switch)")
+    ap.add_argument("--fused-blocks", choices=("off", "on", "hybrid", "persistent"), default="off",
+                    help="each ViT block as four Triton kernels, the hybrid's two, or one persistent kernel "
+                         "(the fused_blocks switch)")
     ap.add_argument("--mlp-epilogue", choices=("off", "on"), default="off",
                     help="fc1 + bias + GELU as one cuBLASLt GEMM (the mlp_epilogue switch)")
     ap.add_argument("--out", default="bench_out")
@@ -163,7 +164,7 @@ def main(argv=None) -> list[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("depthpack.bench.profile needs a CUDA device")
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.fused_embed]
-    blocks = {"off": False, "on": True, "hybrid": "hybrid"}[args.fused_blocks]
+    blocks = {"off": False, "on": True, "hybrid": "hybrid", "persistent": "persistent"}[args.fused_blocks]
     reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused, blocks,
                    args.mlp_epilogue == "on") for fused in variants]
     out = Path(args.out)

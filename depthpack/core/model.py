@@ -232,8 +232,8 @@ class DepthPack(nn.Module):
 
     def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         # tokens [B,S,D] -> [B,S,D]; timm's blocks as timm defines them (fused_blocks: as four Triton
-        # kernels each, or "hybrid": two kernels and torch ops; inference without a mask; the blocks
-        # themselves are its reference)
+        # kernels each, "hybrid": two kernels and torch ops, "persistent": one launch each; inference
+        # without a mask; the blocks themselves are its reference)
         if self.fused_blocks and attn_mask is None:
             from ..kernels.vit_block import fused_blocks
             return self.backbone.norm(fused_blocks(self.backbone.blocks, tokens, self.fused_blocks, self.mlp_epilogue))
@@ -361,8 +361,9 @@ SWITCHES = {"fused_embed": (False, True),  # the Triton gather+embed kernel (dep
             "selection": ("topk", "count"),  # token selection by a counting pass instead of torch.topk
             "mlp_epilogue": (False, True),  # fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue
             # each ViT block as four Triton kernels, or "hybrid": attention + projection + residual and
-            # fc2 + residual as two of them, LayerNorms, QKV and fc1 as torch ops (depthpack.kernels), CUDA only
-            "fused_blocks": (False, True, "hybrid")}
+            # fc2 + residual as two of them, LayerNorms, QKV and fc1 as torch ops, or "persistent": the four
+            # as phases of one launch with grid barriers (depthpack.kernels), CUDA only
+            "fused_blocks": (False, True, "hybrid", "persistent")}
 
 
 def _mlp_with_gelu_epilogue(mlp, x: torch.Tensor) -> torch.Tensor:

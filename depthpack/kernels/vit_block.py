@@ -28,7 +28,11 @@ missing Triton take the reference (``vit_block_reference``, the same arithmetic 
 TRITON_INTERPRET=1 set before Triton is imported, ``run_interpreted`` runs the kernels on CPU tensors.
 Switch: ``DepthPack.fused_blocks`` (default off): True for the four kernels, "hybrid" for hybrid_block,
 which keeps kernels 2 and 4 (``depthpack::attn_proj_res``, ``depthpack::fc2_res``) and leaves the
-LayerNorms, QKV and fc1 to Inductor and cuBLAS, where they measured faster than kernels 1 and 3.
+LayerNorms, QKV and fc1 to Inductor and cuBLAS, where they measured faster than kernels 1 and 3;
+"persistent" for ``depthpack::vit_block_persistent``: the four kernels' tiles as four phases of one
+launch (_block_kernel), one program per SM, a grid barrier between phases, so a block is one launch
+and its phases choose tiles for a full grid (persistent_tiles). The barrier needs every program
+resident at once (one per SM is) and is plain Triton atomics (sm_80/sm_87 as well as Hopper).
 """
 from __future__ import annotations
 
@@ -137,21 +141,21 @@ if HAVE_TRITON:
         return tl.dot(a, b, acc=acc)
 
     @triton.jit
-    def _tile(M, N, BM: tl.constexpr, BN: tl.constexpr):
-        # this program's output rows and columns (program ids 0 and 1) and which are inside [M,N]
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    def _tile(pid_m, pid_n, M, N, BM: tl.constexpr, BN: tl.constexpr):
+        # output tile (pid_m, pid_n)'s rows and columns and which are inside [M,N]
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
         return rm, rm < M, rn, rn < N
 
     @triton.jit
-    def _row_stats(x_ptr, rm, m_ok, D, eps, BM: tl.constexpr, BK: tl.constexpr):
+    def _row_stats(x_ptr, rm, m_ok, D, eps, BM: tl.constexpr, BK: tl.constexpr, CM: tl.constexpr):
         # mean and 1/std of rows rm of x [M,D], one pass over K tiles
         s1 = tl.zeros((BM,), dtype=tl.float32)
         s2 = tl.zeros((BM,), dtype=tl.float32)
         for k0 in range(0, D, BK):
             rk = k0 + tl.arange(0, BK)
             x = tl.load(x_ptr + rm[:, None] * D + rk[None, :], mask=m_ok[:, None] & (rk < D)[None, :],
-                        other=0.0).to(tl.float32)
+                        other=0.0, cache_modifier=CM).to(tl.float32)
             s1 += tl.sum(x, axis=1)
             s2 += tl.sum(x * x, axis=1)
         mean = s1 / D
@@ -161,13 +165,13 @@ if HAVE_TRITON:
 
     @triton.jit
     def _ln_gemm(x_ptr, rm, m_ok, D, mean, rstd, lnw_ptr, lnb_ptr, w_ptr, rn, n_ok, acc, IEEE: tl.constexpr,
-                 BK: tl.constexpr):
+                 BK: tl.constexpr, CM: tl.constexpr):
         # acc + LayerNorm(x[rm]) @ W[rn]^T, W [N,D]: each K tile of x normalized as it is loaded
         for k0 in range(0, D, BK):
             rk = k0 + tl.arange(0, BK)
             k_ok = rk < D
             x = tl.load(x_ptr + rm[:, None] * D + rk[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                        other=0.0).to(tl.float32)
+                        other=0.0, cache_modifier=CM).to(tl.float32)
             g = tl.load(lnw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
             b = tl.load(lnb_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
             xn = (x - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]  # 0 beyond column D
@@ -176,29 +180,31 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _store_rows_plus(src_ptr, dst_ptr, rm, m_ok, D, v_ptr, s_ptr, HAS_S: tl.constexpr, BK: tl.constexpr):
+    def _store_rows_plus(src_ptr, dst_ptr, rm, m_ok, D, v_ptr, s_ptr, HAS_S: tl.constexpr, BK: tl.constexpr,
+                         CM: tl.constexpr):
         # dst[rm] = src[rm] + v * s (float32), the start of a residual sum
         for k0 in range(0, D, BK):
             rk = k0 + tl.arange(0, BK)
             k_ok = rk < D
             mask = m_ok[:, None] & k_ok[None, :]
-            x = tl.load(src_ptr + rm[:, None] * D + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(src_ptr + rm[:, None] * D + rk[None, :], mask=mask, other=0.0, cache_modifier=CM).to(tl.float32)
             v = tl.load(v_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
             if HAS_S:
                 v = v * tl.load(s_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
             tl.store(dst_ptr + rm[:, None] * D + rk[None, :], x + v[None, :], mask=mask)
 
     @triton.jit
-    def _ln_linear_kernel(x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr, initv_ptr, inits_ptr, M, D, N,
-                          eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr, HAS_S: tl.constexpr,
-                          IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        # y [M,N] = LayerNorm(x) @ W^T (+ bias) (GELU); INIT: the first column tile of each row block also
-        # starts a residual sum, init = x + initv * inits (ln_qkv: r = x + ls1 * proj.bias, which
-        # attn_proj adds to; ln_fc1 before a K-split fc2: out = r + ls2 * fc2.bias)
-        rm, m_ok, rn, n_ok = _tile(M, N, BM, BN)
-        mean, rstd = _row_stats(x_ptr, rm, m_ok, D, eps, BM, BK)
+    def _ln_linear_tile(pid_m, pid_n, x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr, initv_ptr, inits_ptr,
+                        M, D, N, eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr,
+                        HAS_S: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, CM: tl.constexpr):
+        # tile (pid_m, pid_n) of y [M,N] = LayerNorm(x) @ W^T (+ bias) (GELU); INIT: the first column tile of
+        # each row block also starts a residual sum, init = x + initv * inits (ln_qkv: r = x + ls1 *
+        # proj.bias, which attn_proj adds to; ln_fc1 before a K-split fc2: out = r + ls2 * fc2.bias)
+        rm, m_ok, rn, n_ok = _tile(pid_m, pid_n, M, N, BM, BN)
+        mean, rstd = _row_stats(x_ptr, rm, m_ok, D, eps, BM, BK, CM)
         acc = _ln_gemm(x_ptr, rm, m_ok, D, mean, rstd, lnw_ptr, lnb_ptr, w_ptr, rn, n_ok,
-                       tl.zeros((BM, BN), dtype=tl.float32), IEEE, BK)
+                       tl.zeros((BM, BN), dtype=tl.float32), IEEE, BK, CM)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if GELU:  # exact (erf), as nn.GELU()
@@ -206,22 +212,29 @@ if HAVE_TRITON:
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
         if INIT:
-            if tl.program_id(1) == 0:
-                _store_rows_plus(x_ptr, init_ptr, rm, m_ok, D, initv_ptr, inits_ptr, HAS_S, BK)
+            if pid_n == 0:
+                _store_rows_plus(x_ptr, init_ptr, rm, m_ok, D, initv_ptr, inits_ptr, HAS_S, BK, CM)
 
     @triton.jit
-    def _attn_proj_kernel(qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
-                          IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                          BO: tl.constexpr):
-        pid_m = tl.program_id(0)
-        h = tl.program_id(1)
-        b = tl.program_id(2)
+    def _ln_linear_kernel(x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr, initv_ptr, inits_ptr, M, D, N,
+                          eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr, HAS_S: tl.constexpr,
+                          IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        _ln_linear_tile(tl.program_id(0), tl.program_id(1), x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr,
+                        initv_ptr, inits_ptr, M, D, N, eps, HAS_BIAS, GELU, INIT, HAS_S, IEEE, BM, BN, BK, "")
+
+    @triton.jit
+    def _attn_proj_tile(pid_m, h, b, qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
+                        IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BO: tl.constexpr,
+                        CM: tl.constexpr):
+        # query tile pid_m of head h, image b: attention over every key with an online softmax, then the
+        # head's share of the output projection, times ls1, added atomically into r
         N3 = 3 * D
         rq = pid_m * BM + tl.arange(0, BM)
         q_ok = rq < S
         row = b * S + rq
         dd = tl.arange(0, HD)
-        q = tl.load(qkv_ptr + row[:, None] * N3 + h * HD + dd[None, :], mask=q_ok[:, None], other=0.0)
+        q = tl.load(qkv_ptr + row[:, None] * N3 + h * HD + dd[None, :], mask=q_ok[:, None], other=0.0,
+                    cache_modifier=CM)
         m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BM,), dtype=tl.float32)
         acc = tl.zeros((BM, HD), dtype=tl.float32)
@@ -229,14 +242,14 @@ if HAVE_TRITON:
             rk = k0 + tl.arange(0, BN)
             k_ok = rk < S
             kv = (b * S + rk)[:, None] * N3 + h * HD + dd[None, :]
-            k = tl.load(qkv_ptr + kv + D, mask=k_ok[:, None], other=0.0)
+            k = tl.load(qkv_ptr + kv + D, mask=k_ok[:, None], other=0.0, cache_modifier=CM)
             s = (_mm(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), IEEE) * qk_scale).to(tl.float32)
             s = tl.where(k_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(qkv_ptr + kv + 2 * D, mask=k_ok[:, None], other=0.0)
+            v = tl.load(qkv_ptr + kv + 2 * D, mask=k_ok[:, None], other=0.0, cache_modifier=CM)
             acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
             m_i = m_new
         o = (acc / l_i[:, None]).to(q.dtype)
@@ -252,16 +265,24 @@ if HAVE_TRITON:
                           sem="relaxed")
 
     @triton.jit
-    def _fc2_res_kernel(h_ptr, w2_ptr, b2_ptr, ls2_ptr, r_ptr, out_ptr, M, D, HID, KCHUNK,
-                        ATOMIC: tl.constexpr, HAS_LS: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr):
-        rm, m_ok, rn, n_ok = _tile(M, D, BM, BN)
-        pid_k = tl.program_id(2)
+    def _attn_proj_kernel(qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
+                          IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BO: tl.constexpr):
+        _attn_proj_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), qkv_ptr, projw_ptr, ls1_ptr, r_ptr,
+                        S, D, qk_scale, HAS_LS, IEEE, HD, BM, BN, BO, "")
+
+    @triton.jit
+    def _fc2_res_tile(pid_m, pid_n, pid_k, h_ptr, w2_ptr, b2_ptr, ls2_ptr, r_ptr, out_ptr, M, D, HID, KCHUNK,
+                      ATOMIC: tl.constexpr, HAS_LS: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, BK: tl.constexpr, CM: tl.constexpr):
+        # tile (pid_m, pid_n) of out = r + ls2 * (h @ fc2_w^T + fc2_b) over K part pid_k
+        rm, m_ok, rn, n_ok = _tile(pid_m, pid_n, M, D, BM, BN)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(pid_k * KCHUNK, tl.minimum(pid_k * KCHUNK + KCHUNK, HID), BK):
             rk = k0 + tl.arange(0, BK)
             k_ok = rk < HID
-            a = tl.load(h_ptr + rm[:, None] * HID + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            a = tl.load(h_ptr + rm[:, None] * HID + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0,
+                        cache_modifier=CM)
             w = tl.load(w2_ptr + rn[None, :] * HID + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc = _mm(a, w, acc, IEEE)
         mask = m_ok[:, None] & n_ok[None, :]
@@ -274,7 +295,83 @@ if HAVE_TRITON:
             acc += tl.load(b2_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             if HAS_LS:
                 acc = acc * tl.load(ls2_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + offs, acc + tl.load(r_ptr + offs, mask=mask, other=0.0), mask=mask)
+            tl.store(out_ptr + offs, acc + tl.load(r_ptr + offs, mask=mask, other=0.0, cache_modifier=CM), mask=mask)
+
+    @triton.jit
+    def _fc2_res_kernel(h_ptr, w2_ptr, b2_ptr, ls2_ptr, r_ptr, out_ptr, M, D, HID, KCHUNK,
+                        ATOMIC: tl.constexpr, HAS_LS: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr):
+        _fc2_res_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), h_ptr, w2_ptr, b2_ptr, ls2_ptr, r_ptr,
+                      out_ptr, M, D, HID, KCHUNK, ATOMIC, HAS_LS, IEEE, BM, BN, BK, "")
+
+    # ---- the persistent block: the four steps in one launch, one program per SM ----------------------
+    @triton.jit
+    def _grid_sync(bar_ptr, gen):
+        # Every program of the grid waits here until all have arrived. bar_ptr[0] counts arrivals, bar_ptr[1]
+        # is the generation: the last to arrive resets the count and bumps the generation the others wait
+        # on, so the barrier leaves the count at 0 for the next launch (no reset kernel). gen: the
+        # generation this barrier ends (the launch's first generation + this barrier's number). Scalar
+        # atomics run on one thread of the program; the CTA barriers around them order the other threads.
+        tl.debug_barrier()
+        if tl.atomic_add(bar_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+            tl.atomic_xchg(bar_ptr, 0, sem="relaxed")
+            tl.atomic_add(bar_ptr + 1, 1, sem="release")
+        else:
+            while tl.atomic_add(bar_ptr + 1, 0, sem="acquire") != gen:
+                pass
+        tl.debug_barrier()
+
+    @triton.jit
+    def _block_kernel(x_ptr, ln1w_ptr, ln1b_ptr, qkvw_ptr, qkvb_ptr, projw_ptr, projb_ptr, ls1_ptr, ln2w_ptr,
+                      ln2b_ptr, fc1w_ptr, fc1b_ptr, fc2w_ptr, fc2b_ptr, ls2_ptr, qkv_ptr, r_ptr, h_ptr, out_ptr,
+                      bar_ptr, B, S, D, HID, KCHUNK, eps1, eps2, qk_scale, PHASES: tl.constexpr,
+                      SYNC: tl.constexpr, HAS_QKVB: tl.constexpr, HAS_LS1: tl.constexpr, HAS_LS2: tl.constexpr,
+                      FC2_ATOMIC: tl.constexpr, IEEE: tl.constexpr, HD: tl.constexpr, Q_BM: tl.constexpr,
+                      Q_BN: tl.constexpr, A_BM: tl.constexpr, A_BN: tl.constexpr, A_BO: tl.constexpr,
+                      F_BM: tl.constexpr, F_BN: tl.constexpr, O_BM: tl.constexpr, O_BN: tl.constexpr,
+                      BK: tl.constexpr):
+        # One ViT block, the four kernels' tiles (ln_qkv, attn_proj, ln_fc1, fc2_res) as four phases of
+        # one launch, each program looping over a phase's tiles with a stride of the grid, a grid barrier
+        # between phases (SYNC). Needs every program resident at once: the grid is at most one per SM.
+        # Buffers written in this launch are read with .cg (L2; an SM's L1 is not coherent with the
+        # others' writes). PHASES (bits 1, 2, 4, 8) picks phases: the interpreter runs them one launch
+        # each, without the barrier (its programs run one after another).
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        M = B * S
+        gen = 0
+        if SYNC:
+            gen = tl.atomic_add(bar_ptr + 1, 0, sem="relaxed")
+        if PHASES & 1:  # qkv = LN1(x) @ qkv_w^T + qkv_b; r = x + ls1 * proj.bias
+            n_n = tl.cdiv(3 * D, Q_BN)
+            for t in range(pid, tl.cdiv(M, Q_BM) * n_n, nprog):
+                _ln_linear_tile(t // n_n, t % n_n, x_ptr, ln1w_ptr, ln1b_ptr, qkvw_ptr, qkvb_ptr, qkv_ptr, r_ptr,
+                                projb_ptr, ls1_ptr, M, D, 3 * D, eps1, HAS_QKVB, False, True, HAS_LS1, IEEE, Q_BM,
+                                Q_BN, BK, ".cg")
+        if SYNC:
+            _grid_sync(bar_ptr, gen + 1)
+        if PHASES & 2:  # r += ls1 * attention(qkv) @ proj_w^T, per (query tile, head, image)
+            n_q = tl.cdiv(S, A_BM)
+            n_h = D // HD
+            for t in range(pid, n_q * n_h * B, nprog):
+                _attn_proj_tile(t % n_q, (t // n_q) % n_h, t // (n_q * n_h), qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S,
+                                D, qk_scale, HAS_LS1, IEEE, HD, A_BM, A_BN, A_BO, ".cg")
+        if SYNC:
+            _grid_sync(bar_ptr, gen + 2)
+        if PHASES & 4:  # h = GELU(LN2(r) @ fc1_w^T + fc1_b); out = r + ls2 * fc2.bias before a K split
+            n_n = tl.cdiv(HID, F_BN)
+            for t in range(pid, tl.cdiv(M, F_BM) * n_n, nprog):
+                _ln_linear_tile(t // n_n, t % n_n, r_ptr, ln2w_ptr, ln2b_ptr, fc1w_ptr, fc1b_ptr, h_ptr, out_ptr,
+                                fc2b_ptr, ls2_ptr, M, D, HID, eps2, True, True, FC2_ATOMIC, HAS_LS2, IEEE, F_BM,
+                                F_BN, BK, ".cg")
+        if SYNC:
+            _grid_sync(bar_ptr, gen + 3)
+        if PHASES & 8:  # out (+)= ls2 * (h @ fc2_w^T (+ fc2_b)) (+ r), per (row tile, column tile, K part)
+            n_m = tl.cdiv(M, O_BM)
+            n_n = tl.cdiv(D, O_BN)
+            for t in range(pid, n_m * n_n * tl.cdiv(HID, KCHUNK), nprog):
+                _fc2_res_tile(t % n_m, (t // n_m) % n_n, t // (n_m * n_n), h_ptr, fc2w_ptr, fc2b_ptr, ls2_ptr, r_ptr,
+                              out_ptr, M, D, HID, KCHUNK, FC2_ATOMIC, HAS_LS2, IEEE, O_BM, O_BN, BK, ".cg")
 
 
 def _sm_count(device: torch.device) -> int:
@@ -343,6 +440,48 @@ def launch_fc2_res(k, c, h, fc2_w, fc2_b, ls2, r, out) -> None:
     k[(_cdiv(M, c["BM"]), _cdiv(D, c["BN"]), _cdiv(hidden, kchunk))](
         h, fc2_w, fc2_b, _opt(ls2, fc2_b), r, out, M, D, hidden, kchunk,
         ATOMIC=split > 1, HAS_LS=ls2 is not None, IEEE=fc2_w.dtype == torch.float32, **c)
+
+
+def persistent_tiles(M: int, S: int, D: int, hidden: int, sms: int, heads: int) -> dict:
+    """_block_kernel's tiles for M = B*S rows on a grid of `sms` programs: per GEMM phase, the tile (and
+    for fc2 the K split) with the least work on the slowest program (tiles per program x tile size x K);
+    ties go to fewer tiles (less LayerNorm recomputed, fewer atomics). Attention's from attn_tiles."""
+    def pick(N, K, split_k):
+        best = None
+        for bm, bn in ((32, 64), (64, 64), (32, 128), (64, 128)):
+            for split in range(1, max(1, min(K // 128, sms)) + 1) if split_k else (1,):
+                kchunk = _cdiv(_cdiv(K, split), 64) * 64
+                n = _cdiv(M, bm) * _cdiv(N, bn) * _cdiv(K, kchunk)
+                if kchunk < K and n > sms:  # split over K (atomics) only to fill an otherwise idle grid
+                    continue
+                key = (_cdiv(n, sms) * bm * bn * kchunk, n)
+                if best is None or key < best[0]:
+                    best = (key, dict(BM=bm, BN=bn, KCHUNK=kchunk))
+        return best[1]
+    q, f, o, a = pick(3 * D, D, False), pick(hidden, D, False), pick(D, hidden, True), attn_tiles(M, S, sms, heads)
+    return dict(Q_BM=q["BM"], Q_BN=q["BN"], A_BM=a["BM"], A_BN=a["BN"], A_BO=a["BO"], F_BM=f["BM"], F_BN=f["BN"],
+                O_BM=o["BM"], O_BN=o["BN"], KCHUNK=o["KCHUNK"], BK=64, num_warps=4, num_stages=3)
+
+
+def launch_persistent(k, x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w,
+                      fc2_b, ls2, num_heads, eps1, eps2, out, r, qkv, h, bar, sms: int, phases: int = 15) -> None:
+    """_block_kernel on a grid of `sms` programs: all four phases with grid barriers (phases 15), or one
+    phase without them (1, 2, 4 or 8: the interpreter, whose programs run one after another)."""
+    B, S, D = x.shape
+    hidden = fc1_w.shape[0]
+    c = persistent_tiles(B * S, S, D, hidden, sms, num_heads)
+    kchunk = c.pop("KCHUNK")
+    k[(sms,)](x, ln1_w, ln1_b, qkv_w, _opt(qkv_b, proj_b), proj_w, proj_b, _opt(ls1, proj_b), ln2_w, ln2_b, fc1_w,
+              fc1_b, fc2_w, fc2_b, _opt(ls2, fc2_b), qkv, r, h, out, bar, B, S, D, hidden, kchunk, eps1, eps2,
+              LOG2E / math.sqrt(D // num_heads), PHASES=phases, SYNC=phases == 15, HAS_QKVB=qkv_b is not None,
+              HAS_LS1=ls1 is not None, HAS_LS2=ls2 is not None, FC2_ATOMIC=kchunk < hidden,
+              IEEE=qkv_w.dtype == torch.float32, HD=D // num_heads, **c)
+
+
+def new_barrier(device: torch.device) -> torch.Tensor:
+    """The persistent block's grid barrier (arrivals, generation), zeroed: one per forward, shared by every
+    block in turn (each launch leaves the count at 0)."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def _opt(t: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
@@ -419,6 +558,23 @@ if HAVE_TRITON and not INTERPRET:
     def _vit_block_cpu(*args):
         return vit_block_reference(*args)
 
+    @torch.library.triton_op("depthpack::vit_block_persistent", mutates_args={"bar"})
+    def _vit_block_persistent_op(x: torch.Tensor, bar: torch.Tensor, ln1_w: torch.Tensor, ln1_b: torch.Tensor,
+                                 qkv_w: torch.Tensor, qkv_b: Optional[torch.Tensor], proj_w: torch.Tensor,
+                                 proj_b: torch.Tensor, ls1: Optional[torch.Tensor], ln2_w: torch.Tensor,
+                                 ln2_b: torch.Tensor, fc1_w: torch.Tensor, fc1_b: torch.Tensor, fc2_w: torch.Tensor,
+                                 fc2_b: torch.Tensor, ls2: Optional[torch.Tensor], num_heads: int, eps1: float,
+                                 eps2: float) -> torch.Tensor:
+        out, r, qkv, h = _buffers(x, qkv_w, fc1_w.shape[0])
+        launch_persistent(torch.library.wrap_triton(_block_kernel), x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b,
+                          ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, ls2, num_heads, eps1, eps2, out, r, qkv, h,
+                          bar, _sm_count(x.device))
+        return out
+
+    @_vit_block_persistent_op.register_kernel("cpu")
+    def _vit_block_persistent_cpu(x, bar, *weights):
+        return vit_block_reference(x, *weights)
+
     @torch.library.triton_op("depthpack::attn_proj_res", mutates_args=())
     def _attn_proj_res_op(qkv: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
                           ls1: Optional[torch.Tensor], num_heads: int) -> torch.Tensor:
@@ -445,9 +601,10 @@ def _check(x: torch.Tensor, weights: tuple) -> None:
 def fused_blocks(blocks, tokens: torch.Tensor, mode: bool | str = True, gelu_epilogue: bool = False) -> torch.Tensor:
     """tokens [B,S,D] through timm Blocks (no attention mask) -> [B,S,D] in the tokens' dtype. On CUDA, mode
     True: four kernels a block (vit_block); "hybrid": hybrid_block (gelu_epilogue: fc1's GELU in cuBLASLt's
-    epilogue). CPU tensors or no Triton: the blocks themselves (the reference path)."""
-    if mode not in (True, "hybrid"):
-        raise ValueError(f"fused_blocks: mode {mode!r} is not True or 'hybrid'")
+    epilogue); "persistent": one launch a block (vit_block_persistent, gelu_epilogue unused: its GELU is
+    exact). CPU tensors or no Triton: the blocks themselves (the reference path)."""
+    if mode not in (True, "hybrid", "persistent"):
+        raise ValueError(f"fused_blocks: mode {mode!r} is not True, 'hybrid' or 'persistent'")
     if not (HAVE_TRITON and not INTERPRET and tokens.is_cuda):
         for blk in blocks:
             tokens = blk(tokens)
@@ -456,20 +613,26 @@ def fused_blocks(blocks, tokens: torch.Tensor, mode: bool | str = True, gelu_epi
         raise ValueError("fused_blocks is inference only: run under torch.no_grad() or switch it off to train")
     x = tokens.contiguous()
     ops = torch.ops.depthpack
+    bar = new_barrier(x.device) if mode == "persistent" else None
     for blk in blocks:
         weights = block_weights(blk)
         _check(x, weights)
         if mode == "hybrid":
             x = hybrid_block(x, *weights, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res, gelu_epilogue=gelu_epilogue)
+        elif mode == "persistent":
+            x = ops.vit_block_persistent(x, bar, *weights)
         else:
             x = ops.vit_block(x, *weights)
     return x.to(tokens.dtype)
 
 
-def run_interpreted(x: torch.Tensor, *weights, sms: int = 132, hybrid: bool = False) -> torch.Tensor:
+def run_interpreted(x: torch.Tensor, *weights, sms: int = 132, hybrid: bool = False,
+                    persistent: bool = False) -> torch.Tensor:
     """The block's kernels on CPU tensors through Triton's interpreter (tests without a GPU), tiled as for a
-    GPU of `sms` SMs (1: fc2 without the K split): the four kernels, or hybrid_block with its two. Needs
-    TRITON_INTERPRET=1 in the environment before triton was first imported."""
+    GPU of `sms` SMs (1: fc2 without the K split): the four kernels, hybrid_block with its two, or the
+    persistent kernel on a grid of `sms` programs, one launch per phase (the interpreter runs programs one
+    after another, so the grid barrier would wait forever). Needs TRITON_INTERPRET=1 in the environment
+    before triton was first imported."""
     if not INTERPRET:
         raise RuntimeError("run_interpreted needs TRITON_INTERPRET=1 set before triton is imported")
     _check(x, weights)
@@ -477,6 +640,11 @@ def run_interpreted(x: torch.Tensor, *weights, sms: int = 132, hybrid: bool = Fa
         return hybrid_block(x.contiguous(), *weights, attn_proj=functools.partial(attn_proj_res, _attn_proj_kernel, sms=sms),
                             fc2=functools.partial(fc2_res, _fc2_res_kernel, sms=sms))
     bufs = _buffers(x, weights[2], weights[9].shape[0], fill=float("nan"))  # poisoned: unwritten shows
+    if persistent:
+        bar = new_barrier(x.device)
+        for phase in (1, 2, 4, 8):
+            launch_persistent(_block_kernel, x.contiguous(), *weights, *bufs, bar, sms=sms, phases=phase)
+        return bufs[0]
     _launch((_ln_linear_kernel, _attn_proj_kernel, _ln_linear_kernel, _fc2_res_kernel), x.contiguous(), *weights, *bufs,
             sms=sms)
     return bufs[0]

@@ -133,18 +133,21 @@ def _block_case(B, S, D, H, hidden, layerscale, seed=0, qkv_bias=True, dtype=tor
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="needs triton for its interpreter")
-@pytest.mark.parametrize("hybrid", [False, True])
-def test_block_kernels_in_triton_interpreter_match_reference(hybrid):
+@pytest.mark.parametrize("form", ["four", "hybrid", "persistent"])
+def test_block_kernels_in_triton_interpreter_match_reference(form):
     code = textwrap.dedent(f"""
         from depthpack.kernels.vit_block import run_interpreted, vit_block_reference
         from test_kernels import _block_case
         worst = 0.0
         # S and D not multiples of the tiles, hidden not a multiple of the K split; LayerScale on and off,
-        # no qkv bias; fc2 split over K with atomics (132 SMs) and whole (1 SM)
+        # no qkv bias; fc2 split over K with atomics (132 SMs) and whole (1 SM); the persistent kernel's
+        # programs looping over several tiles a phase (grids of 1, 5 and 7)
         for i, (shape, sms) in enumerate([((2, 37, 96, 3, 384, True), 132), ((1, 70, 64, 2, 200, False), 132),
-                                          ((3, 5, 32, 2, 128, True), 1), ((1, 300, 64, 2, 256, True), 1)]):
+                                          ((3, 5, 32, 2, 128, True), 1), ((1, 300, 64, 2, 256, True), 1),
+                                          ((1, 70, 64, 2, 200, True), 5), ((2, 41, 64, 2, 256, False), 7)]):
             x, w = _block_case(*shape, seed=200 + i, qkv_bias=i != 2)
-            got, want = run_interpreted(x, *w, sms=sms, hybrid={hybrid}), vit_block_reference(x, *w)
+            got = run_interpreted(x, *w, sms=sms, hybrid={form == 'hybrid'}, persistent={form == 'persistent'})
+            want = vit_block_reference(x, *w)
             assert not got.isnan().any(), "unwritten output"
             worst = max(worst, ((got - want).norm() / want.norm()).item())
         print(worst)
@@ -175,7 +178,7 @@ def test_fused_blocks_switch_checks_the_blocks_and_falls_back_on_cpu():
     images, points = torch.rand(2, 3, 64, 64), torch.rand(2, 16, 2) * 63.9
     with torch.no_grad():
         off = m.forward_packed(images, points, 16)
-        for mode in (True, "hybrid"):
+        for mode in (True, "hybrid", "persistent"):
             m.set_switches(fused_blocks=mode)  # CPU tensors: the blocks themselves
             torch.testing.assert_close(m.forward_packed(images, points, 16), off, rtol=0, atol=0)
     with pytest.raises(ValueError, match="unknown switch fused_blocks='all'"):
@@ -193,22 +196,22 @@ def test_fused_blocks_switch_checks_the_blocks_and_falls_back_on_cpu():
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("kind", ["four", "hybrid", "hybrid+epilogue"])
+@pytest.mark.parametrize("kind", ["four", "hybrid", "hybrid+epilogue", "persistent"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 def test_gpu_block_kernels_match_reference_eager_compiled_graphed(kind, dtype, tol):
-    """The four-kernel block and the hybrid (with and without fc1's GELU epilogue): vits at batch 1 and
-    321 tokens (B1 Q256: fc2 split over K), at batch 8 and 577 tokens (fc2 whole), and an odd shape;
-    against the float32 reference, eager, compiled and replayed from a CUDA graph."""
-    from depthpack.kernels.vit_block import vit_block_reference
-
-    from depthpack.kernels.vit_block import hybrid_block
+    """The four-kernel block, the hybrid (with and without fc1's GELU epilogue) and the persistent block:
+    vits at batch 1 and 321 tokens (B1 Q256: fc2 split over K), at batch 8 and 577 tokens (fc2 whole), and
+    an odd shape; against the float32 reference, eager, compiled and replayed from a CUDA graph (replayed
+    twice: the persistent block's barrier must leave its count at 0)."""
+    from depthpack.kernels.vit_block import hybrid_block, new_barrier, vit_block_reference
 
     torch._dynamo.reset()
     ops = torch.ops.depthpack
     op = {"four": ops.vit_block,
           "hybrid": lambda x, *w: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res),
           "hybrid+epilogue": lambda x, *w: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res,
-                                                        gelu_epilogue=True)}[kind]
+                                                        gelu_epilogue=True),
+          "persistent": lambda x, *w: ops.vit_block_persistent(x, new_barrier(x.device), *w)}[kind]
     if kind == "hybrid+epilogue" and dtype == torch.float32:
         tol = 1e-3  # cuBLASLt's tanh GELU against the reference's erf GELU
     for seed, shape in enumerate([(1, 321, 384, 6, 1536, True), (8, 577, 384, 6, 1536, False),
@@ -223,14 +226,20 @@ def test_gpu_block_kernels_match_reference_eager_compiled_graphed(kind, dtype, t
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = op(x, *w)
-        out.fill_(float("nan"))
-        graph.replay()
-        check(out, "graph")
+        for replay in range(2):
+            out.fill_(float("nan"))
+            graph.replay()
+            check(out, f"graph replay {replay}")
+        if kind == "persistent":  # one barrier through several launches, as the blocks of a forward share it
+            bar = new_barrier(x.device)
+            for i in range(3):
+                check(ops.vit_block_persistent(x, bar, *w), f"launch {i} on one barrier")
+            assert bar.tolist() == [0, 9], f"barrier after 3 launches of 3 barriers: {bar.tolist()}"
 
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("mode", [True, "hybrid"])
+@pytest.mark.parametrize("mode", [True, "hybrid", "persistent"])
 def test_gpu_fused_blocks_model_matches_plain_and_float32_masked(mode):
     """vits bf16 with the switch on: within bf16 rounding of the switch off, and within the fast paths'
     bound (5 mm on random vits weights, the issue's) of the float32 masked path."""
