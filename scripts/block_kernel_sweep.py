@@ -1,6 +1,7 @@
 """Tile sweep of the fused ViT block's four kernels (depthpack.kernels.vit_block) on a CUDA GPU.
 
     python scripts/block_kernel_sweep.py --out DIR        # vits bf16 at B1 Q256 (321 tokens) and B8 Q512 (577)
+    python scripts/block_kernel_sweep.py --persistent --out DIR   # the persistent block: variants, phases alone
 
 For each kernel and each candidate (tiles, warps, pipeline stages; fc2's K split), the time of one launch
 replayed from a CUDA graph (triton.testing.do_bench_cudagraph), beside what the same step costs in torch
@@ -90,6 +91,48 @@ def sweep(B: int, S: int) -> list[dict]:
     return rows
 
 
+# the persistent block (fused_blocks="persistent"): whole-kernel variants over persistent_tiles' choice
+PERSISTENT = [{}, {"num_warps": 8}, {"CM": ""}, {"A_BN": 128}, {"A_BO": 128}, {"Q_BM": 32, "Q_BN": 128},
+              {"Q_BM": 64, "Q_BN": 64}, {"F_BM": 64, "F_BN": 64}, {"F_BM": 32, "F_BN": 128}, {"O_BM": 64, "O_BN": 64, "KCHUNK": 512},
+              {"Q_BM": 64, "Q_BN": 128, "F_BM": 64, "F_BN": 128, "num_warps": 8}]
+
+
+def sweep_persistent(B: int, S: int) -> list[dict]:
+    """The persistent block at its tiles and at PERSISTENT's variants; at its tiles each phase alone (one
+    launch, no barrier) and the three barriers alone (no phase), so the time splits into phases and
+    barriers; beside it the four-kernel block and the hybrid block (its torch ops and two kernels)."""
+    x, w, buf = case(B, S)
+    D, hidden, heads = x.shape[-1], w["fc1_w"].shape[0], 6
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    weights = [w[k] for k in ("ln1_w", "ln1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "ls1", "ln2_w", "ln2_b", "fc1_w",
+                              "fc1_b", "fc2_w", "fc2_b", "ls2")] + [heads, 1e-6, 1e-5]
+    bufs = [buf[k] for k in ("out", "r", "qkv", "h")]
+    bar = vb.new_barrier(x.device)
+    rows = []
+
+    def row(kernel, cfg, fn):
+        us = bench(fn)
+        rows.append(dict(B=B, S=S, kernel=kernel, config=cfg, us=round(us, 2), default=not cfg))
+        print(f"B{B} S{S} {kernel:16s} {json.dumps(cfg):80s} {us:8.2f} us", flush=True)
+
+    def launch(phases=15, sync=None, config=None):
+        return lambda: vb.launch_persistent(vb._block_kernel, x, *weights, *bufs, bar, sms=sms, phases=phases,
+                                            sync=sync, config=config)
+    print(f"B{B} S{S} persistent_tiles {vb.persistent_tiles(B * S, S, D, hidden, sms, heads)}", flush=True)
+    for cfg in PERSISTENT:
+        row("persistent", cfg, launch(config=cfg))
+    for phase, name in ((1, "ln_qkv"), (2, "attn_proj"), (4, "ln_fc1"), (8, "fc2_res")):
+        row("persistent", {"phase alone": name}, launch(phases=phase, sync=False))
+    row("persistent", {"phase alone": "three barriers"}, launch(phases=0, sync=True))
+    with torch.inference_mode():
+        row("four kernels", {"tiles": "vit_block.tiles"}, lambda: vb._launch(
+            (vb._ln_linear_kernel, vb._attn_proj_kernel, vb._ln_linear_kernel, vb._fc2_res_kernel), x, *weights, *bufs))
+        ops = torch.ops.depthpack
+        row("hybrid block", {"ops": "torch + attn_proj_res + fc2_res"},
+            lambda: vb.hybrid_block(x, *weights, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res))
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [f"# Tile sweep of the fused block's kernels ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"triton {triton.__version__}, vits bf16)", "",
@@ -112,13 +155,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="sweep_out")
     ap.add_argument("--cases", default="1x321,8x577", help="BxS token counts")
+    ap.add_argument("--persistent", action="store_true", help="the persistent block instead of the four kernels")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("block_kernel_sweep needs a CUDA GPU")
     rows = []
     for c in args.cases.split(","):
         B, S = (int(v) for v in c.split("x"))
-        rows += sweep(B, S)
+        rows += sweep_persistent(B, S) if args.persistent else sweep(B, S)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(rows, indent=1))

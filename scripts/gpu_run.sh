@@ -20,7 +20,8 @@
 #   PART=frameloop OUT=DIR bash scripts/gpu_run.sh  # the C++ frame loop with the levers, without and with
 #                                                # the hybrid blocks; the hybrid's kernel profile at B8 Q512
 #   PART=persistent OUT=DIR bash scripts/gpu_run.sh  # the persistent blocks: GPU tests beside a .pt2 through the
-#                                                # C++ runner, ladder rows against the hybrid, the kernel profile
+#                                                # C++ runner, ladder rows against the hybrid, the block's
+#                                                # sweep (phases and barriers alone), the kernel profile
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -287,6 +288,9 @@ if [ "$PART" = persistent ]; then  # issue 12's persistent blocks (one launch a 
     --rows packed-compile+graph,lever-count-selection,lever-hybrid-blocks+combo,lever-persistent-blocks,lever-persistent-blocks+combo \
     --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/persistent" 2>&1 | quiet \
     | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  step "the persistent block alone (B1, 321 tokens): tile variants, each phase alone, the barriers alone"
+  timeout "${SWEEP_S:-120}" $PY scripts/block_kernel_sweep.py --persistent --cases 1x321 --out "$W/persistent_sweep" \
+    2>&1 | grep -E '^\| 1 |persistent_tiles' | tee -a "$LOG"
   step "kernel profile (vits bf16 B1 Q256), persistent blocks"
   timeout "${PROFILE_S:-70}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
     --fused-embed off --fused-blocks persistent --out "$W/profile_persistent" 2>&1 | quiet \

@@ -148,11 +148,12 @@ if HAVE_TRITON:
         return rm, rm < M, rn, rn < N
 
     @triton.jit
-    def _row_stats(x_ptr, rm, m_ok, D, eps, BM: tl.constexpr, BK: tl.constexpr, CM: tl.constexpr):
-        # mean and 1/std of rows rm of x [M,D], one pass over K tiles
+    def _row_stats(x_ptr, rm, m_ok, D: tl.constexpr, eps, BM: tl.constexpr, BK: tl.constexpr, CM: tl.constexpr):
+        # mean and 1/std of rows rm of x [M,D], one pass over K tiles, unrolled (D is the model's width):
+        # the tiles' loads go out together, not one L2 round trip after another
         s1 = tl.zeros((BM,), dtype=tl.float32)
         s2 = tl.zeros((BM,), dtype=tl.float32)
-        for k0 in range(0, D, BK):
+        for k0 in tl.static_range(0, D, BK):
             rk = k0 + tl.arange(0, BK)
             x = tl.load(x_ptr + rm[:, None] * D + rk[None, :], mask=m_ok[:, None] & (rk < D)[None, :],
                         other=0.0, cache_modifier=CM).to(tl.float32)
@@ -180,10 +181,10 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _store_rows_plus(src_ptr, dst_ptr, rm, m_ok, D, v_ptr, s_ptr, HAS_S: tl.constexpr, BK: tl.constexpr,
-                         CM: tl.constexpr):
-        # dst[rm] = src[rm] + v * s (float32), the start of a residual sum
-        for k0 in range(0, D, BK):
+    def _store_rows_plus(src_ptr, dst_ptr, rm, m_ok, D: tl.constexpr, v_ptr, s_ptr, HAS_S: tl.constexpr,
+                         BK: tl.constexpr, CM: tl.constexpr):
+        # dst[rm] = src[rm] + v * s (float32), the start of a residual sum (unrolled, as _row_stats)
+        for k0 in tl.static_range(0, D, BK):
             rk = k0 + tl.arange(0, BK)
             k_ok = rk < D
             mask = m_ok[:, None] & k_ok[None, :]
@@ -195,7 +196,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _ln_linear_tile(pid_m, pid_n, x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr, initv_ptr, inits_ptr,
-                        M, D, N, eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr,
+                        M, D: tl.constexpr, N, eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr,
                         HAS_S: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, CM: tl.constexpr):
         # tile (pid_m, pid_n) of y [M,N] = LayerNorm(x) @ W^T (+ bias) (GELU); INIT: the first column tile of
@@ -216,8 +217,8 @@ if HAVE_TRITON:
                 _store_rows_plus(x_ptr, init_ptr, rm, m_ok, D, initv_ptr, inits_ptr, HAS_S, BK, CM)
 
     @triton.jit
-    def _ln_linear_kernel(x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr, initv_ptr, inits_ptr, M, D, N,
-                          eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr, HAS_S: tl.constexpr,
+    def _ln_linear_kernel(x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr, initv_ptr, inits_ptr, M,
+                          D: tl.constexpr, N, eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, INIT: tl.constexpr, HAS_S: tl.constexpr,
                           IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         _ln_linear_tile(tl.program_id(0), tl.program_id(1), x_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, init_ptr,
                         initv_ptr, inits_ptr, M, D, N, eps, HAS_BIAS, GELU, INIT, HAS_S, IEEE, BM, BN, BK, "")
@@ -324,16 +325,16 @@ if HAVE_TRITON:
     @triton.jit
     def _block_kernel(x_ptr, ln1w_ptr, ln1b_ptr, qkvw_ptr, qkvb_ptr, projw_ptr, projb_ptr, ls1_ptr, ln2w_ptr,
                       ln2b_ptr, fc1w_ptr, fc1b_ptr, fc2w_ptr, fc2b_ptr, ls2_ptr, qkv_ptr, r_ptr, h_ptr, out_ptr,
-                      bar_ptr, B, S, D, HID, KCHUNK, eps1, eps2, qk_scale, PHASES: tl.constexpr,
+                      bar_ptr, B, S, D: tl.constexpr, HID, KCHUNK, eps1, eps2, qk_scale, PHASES: tl.constexpr,
                       SYNC: tl.constexpr, HAS_QKVB: tl.constexpr, HAS_LS1: tl.constexpr, HAS_LS2: tl.constexpr,
                       FC2_ATOMIC: tl.constexpr, IEEE: tl.constexpr, HD: tl.constexpr, Q_BM: tl.constexpr,
                       Q_BN: tl.constexpr, A_BM: tl.constexpr, A_BN: tl.constexpr, A_BO: tl.constexpr,
                       F_BM: tl.constexpr, F_BN: tl.constexpr, O_BM: tl.constexpr, O_BN: tl.constexpr,
-                      BK: tl.constexpr):
+                      BK: tl.constexpr, CM: tl.constexpr):
         # One ViT block, the four kernels' tiles (ln_qkv, attn_proj, ln_fc1, fc2_res) as four phases of
         # one launch, each program looping over a phase's tiles with a stride of the grid, a grid barrier
         # between phases (SYNC). Needs every program resident at once: the grid is at most one per SM.
-        # Buffers written in this launch are read with .cg (L2; an SM's L1 is not coherent with the
+        # Buffers written in this launch are read with CM = .cg (L2; an SM's L1 is not coherent with the
         # others' writes). PHASES (bits 1, 2, 4, 8) picks phases: the interpreter runs them one launch
         # each, without the barrier (its programs run one after another).
         pid = tl.program_id(0)
@@ -347,7 +348,7 @@ if HAVE_TRITON:
             for t in range(pid, tl.cdiv(M, Q_BM) * n_n, nprog):
                 _ln_linear_tile(t // n_n, t % n_n, x_ptr, ln1w_ptr, ln1b_ptr, qkvw_ptr, qkvb_ptr, qkv_ptr, r_ptr,
                                 projb_ptr, ls1_ptr, M, D, 3 * D, eps1, HAS_QKVB, False, True, HAS_LS1, IEEE, Q_BM,
-                                Q_BN, BK, ".cg")
+                                Q_BN, BK, CM)
         if SYNC:
             _grid_sync(bar_ptr, gen + 1)
         if PHASES & 2:  # r += ls1 * attention(qkv) @ proj_w^T, per (query tile, head, image)
@@ -355,7 +356,7 @@ if HAVE_TRITON:
             n_h = D // HD
             for t in range(pid, n_q * n_h * B, nprog):
                 _attn_proj_tile(t % n_q, (t // n_q) % n_h, t // (n_q * n_h), qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S,
-                                D, qk_scale, HAS_LS1, IEEE, HD, A_BM, A_BN, A_BO, ".cg")
+                                D, qk_scale, HAS_LS1, IEEE, HD, A_BM, A_BN, A_BO, CM)
         if SYNC:
             _grid_sync(bar_ptr, gen + 2)
         if PHASES & 4:  # h = GELU(LN2(r) @ fc1_w^T + fc1_b); out = r + ls2 * fc2.bias before a K split
@@ -363,7 +364,7 @@ if HAVE_TRITON:
             for t in range(pid, tl.cdiv(M, F_BM) * n_n, nprog):
                 _ln_linear_tile(t // n_n, t % n_n, r_ptr, ln2w_ptr, ln2b_ptr, fc1w_ptr, fc1b_ptr, h_ptr, out_ptr,
                                 fc2b_ptr, ls2_ptr, M, D, HID, eps2, True, True, FC2_ATOMIC, HAS_LS2, IEEE, F_BM,
-                                F_BN, BK, ".cg")
+                                F_BN, BK, CM)
         if SYNC:
             _grid_sync(bar_ptr, gen + 3)
         if PHASES & 8:  # out (+)= ls2 * (h @ fc2_w^T (+ fc2_b)) (+ r), per (row tile, column tile, K part)
@@ -371,7 +372,7 @@ if HAVE_TRITON:
             n_n = tl.cdiv(D, O_BN)
             for t in range(pid, n_m * n_n * tl.cdiv(HID, KCHUNK), nprog):
                 _fc2_res_tile(t % n_m, (t // n_m) % n_n, t // (n_m * n_n), h_ptr, fc2w_ptr, fc2b_ptr, ls2_ptr, r_ptr,
-                              out_ptr, M, D, HID, KCHUNK, FC2_ATOMIC, HAS_LS2, IEEE, O_BM, O_BN, BK, ".cg")
+                              out_ptr, M, D, HID, KCHUNK, FC2_ATOMIC, HAS_LS2, IEEE, O_BM, O_BN, BK, CM)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -444,9 +445,12 @@ def launch_fc2_res(k, c, h, fc2_w, fc2_b, ls2, r, out) -> None:
 
 def persistent_tiles(M: int, S: int, D: int, hidden: int, sms: int, heads: int) -> dict:
     """_block_kernel's tiles for M = B*S rows on a grid of `sms` programs: per GEMM phase, the tile (and
-    for fc2 the K split) with the least work on the slowest program (tiles per program x tile size x K);
-    ties go to fewer tiles (less LayerNorm recomputed, fewer atomics). Attention's from attn_tiles."""
-    def pick(N, K, split_k):
+    for fc2 the K split) with the least work on the slowest program, tiles per program x (products +
+    64 x loads) per K step, where a LayerNorm phase's rows count 4 (float32, read twice) and fc2's 1,
+    beside the weights' columns; ties go to fewer tiles (less LayerNorm recomputed, fewer atomics).
+    Attention's from attn_tiles. Eight warps: faster than four at B1 and B8 in the H200 sweep
+    (docs/bench/h200/2026-12-03/)."""
+    def pick(N, K, split_k, row_cost):
         best = None
         for bm, bn in ((32, 64), (64, 64), (32, 128), (64, 128)):
             for split in range(1, max(1, min(K // 128, sms)) + 1) if split_k else (1,):
@@ -454,26 +458,29 @@ def persistent_tiles(M: int, S: int, D: int, hidden: int, sms: int, heads: int) 
                 n = _cdiv(M, bm) * _cdiv(N, bn) * _cdiv(K, kchunk)
                 if kchunk < K and n > sms:  # split over K (atomics) only to fill an otherwise idle grid
                     continue
-                key = (_cdiv(n, sms) * bm * bn * kchunk, n)
+                key = (_cdiv(n, sms) * (bm * bn + 64 * (row_cost * bm + bn)) * kchunk, n)
                 if best is None or key < best[0]:
                     best = (key, dict(BM=bm, BN=bn, KCHUNK=kchunk))
         return best[1]
-    q, f, o, a = pick(3 * D, D, False), pick(hidden, D, False), pick(D, hidden, True), attn_tiles(M, S, sms, heads)
+    q, f, o = pick(3 * D, D, False, 4), pick(hidden, D, False, 4), pick(D, hidden, True, 1)
+    a = attn_tiles(M, S, sms, heads)
     return dict(Q_BM=q["BM"], Q_BN=q["BN"], A_BM=a["BM"], A_BN=a["BN"], A_BO=a["BO"], F_BM=f["BM"], F_BN=f["BN"],
-                O_BM=o["BM"], O_BN=o["BN"], KCHUNK=o["KCHUNK"], BK=64, num_warps=4, num_stages=3)
+                O_BM=o["BM"], O_BN=o["BN"], KCHUNK=o["KCHUNK"], BK=64, CM=".cg", num_warps=8, num_stages=3)
 
 
 def launch_persistent(k, x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w,
-                      fc2_b, ls2, num_heads, eps1, eps2, out, r, qkv, h, bar, sms: int, phases: int = 15) -> None:
+                      fc2_b, ls2, num_heads, eps1, eps2, out, r, qkv, h, bar, sms: int, phases: int = 15,
+                      sync: bool | None = None, config: dict | None = None) -> None:
     """_block_kernel on a grid of `sms` programs: all four phases with grid barriers (phases 15), or one
-    phase without them (1, 2, 4 or 8: the interpreter, whose programs run one after another)."""
+    phase without them (1, 2, 4 or 8: the interpreter, whose programs run one after another). sync
+    (default: phases == 15) and config (replacing persistent_tiles' entries) are for the tile sweep."""
     B, S, D = x.shape
     hidden = fc1_w.shape[0]
-    c = persistent_tiles(B * S, S, D, hidden, sms, num_heads)
+    c = {**persistent_tiles(B * S, S, D, hidden, sms, num_heads), **(config or {})}
     kchunk = c.pop("KCHUNK")
     k[(sms,)](x, ln1_w, ln1_b, qkv_w, _opt(qkv_b, proj_b), proj_w, proj_b, _opt(ls1, proj_b), ln2_w, ln2_b, fc1_w,
               fc1_b, fc2_w, fc2_b, _opt(ls2, fc2_b), qkv, r, h, out, bar, B, S, D, hidden, kchunk, eps1, eps2,
-              LOG2E / math.sqrt(D // num_heads), PHASES=phases, SYNC=phases == 15, HAS_QKVB=qkv_b is not None,
+              LOG2E / math.sqrt(D // num_heads), PHASES=phases, SYNC=phases == 15 if sync is None else sync, HAS_QKVB=qkv_b is not None,
               HAS_LS1=ls1 is not None, HAS_LS2=ls2 is not None, FC2_ATOMIC=kchunk < hidden,
               IEEE=qkv_w.dtype == torch.float32, HD=D // num_heads, **c)
 
