@@ -37,6 +37,7 @@ def bench(fn) -> float:
 
 
 def case(B: int, S: int, D: int = 384, heads: int = 6, hidden: int = 1536, dtype=torch.bfloat16):
+    """Tokens, the block's weights (a dict in vit_block's argument order) and its buffers."""
     g = torch.Generator().manual_seed(0)
     r = lambda *s, sc=1.0: (torch.randn(*s, generator=g) * sc).to("cuda", dtype)  # noqa: E731
     w = dict(ln1_w=1 + 0.1 * r(D), ln1_b=0.1 * r(D), qkv_w=r(3 * D, D, sc=D ** -0.5), qkv_b=0.1 * r(3 * D),
@@ -104,8 +105,7 @@ def sweep_persistent(B: int, S: int) -> list[dict]:
     x, w, buf = case(B, S)
     D, hidden, heads = x.shape[-1], w["fc1_w"].shape[0], 6
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    weights = [w[k] for k in ("ln1_w", "ln1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "ls1", "ln2_w", "ln2_b", "fc1_w",
-                              "fc1_b", "fc2_w", "fc2_b", "ls2")] + [heads, 1e-6, 1e-5]
+    weights = [*w.values(), heads, 1e-6, 1e-5]  # case() builds w in vit_block's argument order
     bufs = [buf[k] for k in ("out", "r", "qkv", "h")]
     bar = vb.new_barrier(x.device)
     rows = []

@@ -164,7 +164,7 @@ def main(argv=None) -> list[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("depthpack.bench.profile needs a CUDA device")
     variants = {"off": [False], "on": [True], "both": [False, True]}[args.fused_embed]
-    blocks = {"off": False, "on": True, "hybrid": "hybrid", "persistent": "persistent"}[args.fused_blocks]
+    blocks = {"off": False, "on": True}.get(args.fused_blocks, args.fused_blocks)
     reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused, blocks,
                    args.mlp_epilogue == "on") for fused in variants]
     out = Path(args.out)

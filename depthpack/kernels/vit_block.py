@@ -224,25 +224,19 @@ if HAVE_TRITON:
                         initv_ptr, inits_ptr, M, D, N, eps, HAS_BIAS, GELU, INIT, HAS_S, IEEE, BM, BN, BK, "")
 
     @triton.jit
-    def _attn_proj_tile(pid_m, h, b, qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
-                        IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BO: tl.constexpr,
-                        CM: tl.constexpr):
-        # query tile pid_m of head h, image b: attention over every key with an online softmax, then the
-        # head's share of the output projection, times ls1, added atomically into r
+    def _attention(qkv_ptr, q, row0, h, S, D, qk_scale, IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr, CM: tl.constexpr):
+        # softmax(q k^T) v of queries q [BM,HD] over the S keys of head h from row row0 of qkv [M,3D]:
+        # every key tile holds at least one real key, so m_i is finite after the first (online softmax)
         N3 = 3 * D
-        rq = pid_m * BM + tl.arange(0, BM)
-        q_ok = rq < S
-        row = b * S + rq
         dd = tl.arange(0, HD)
-        q = tl.load(qkv_ptr + row[:, None] * N3 + h * HD + dd[None, :], mask=q_ok[:, None], other=0.0,
-                    cache_modifier=CM)
         m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BM,), dtype=tl.float32)
         acc = tl.zeros((BM, HD), dtype=tl.float32)
-        for k0 in range(0, S, BN):  # every key tile holds at least one real key: m_i is finite after it
+        for k0 in range(0, S, BN):
             rk = k0 + tl.arange(0, BN)
             k_ok = rk < S
-            kv = (b * S + rk)[:, None] * N3 + h * HD + dd[None, :]
+            kv = (row0 + rk)[:, None] * N3 + h * HD + dd[None, :]
             k = tl.load(qkv_ptr + kv + D, mask=k_ok[:, None], other=0.0, cache_modifier=CM)
             s = (_mm(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), IEEE) * qk_scale).to(tl.float32)
             s = tl.where(k_ok[None, :], s, float("-inf"))
@@ -253,17 +247,41 @@ if HAVE_TRITON:
             v = tl.load(qkv_ptr + kv + 2 * D, mask=k_ok[:, None], other=0.0, cache_modifier=CM)
             acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
             m_i = m_new
-        o = (acc / l_i[:, None]).to(q.dtype)
+        return (acc / l_i[:, None]).to(q.dtype)
+
+    @triton.jit
+    def _proj_add(o, row, q_ok, h, projw_ptr, ls1_ptr, r_ptr, D, HAS_LS: tl.constexpr, IEEE: tl.constexpr,
+                  HD: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, ATOMIC: tl.constexpr):
+        # head h's share of the output projection of o [BM,HD] (rows row of r [M,D]), times ls1, added
+        # into r atomically (ATOMIC False: stored, for timing probes only: the heads' sum is lost)
+        dd = tl.arange(0, HD)
         ro = tl.arange(0, BO)
-        for c0 in range(0, D, BO):  # this head's share of the output projection, into the residual
+        for c0 in range(0, D, BO):
             rc = c0 + ro
             c_ok = rc < D
             w = tl.load(projw_ptr + rc[None, :] * D + h * HD + dd[:, None], mask=c_ok[None, :], other=0.0)
             part = _mm(o, w, tl.zeros((BM, BO), dtype=tl.float32), IEEE)
             if HAS_LS:
                 part = part * tl.load(ls1_ptr + rc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-            tl.atomic_add(r_ptr + row[:, None] * D + rc[None, :], part, mask=q_ok[:, None] & c_ok[None, :],
-                          sem="relaxed")
+            mask = q_ok[:, None] & c_ok[None, :]
+            if ATOMIC:
+                tl.atomic_add(r_ptr + row[:, None] * D + rc[None, :], part, mask=mask, sem="relaxed")
+            else:
+                tl.store(r_ptr + row[:, None] * D + rc[None, :], part, mask=mask)
+
+    @triton.jit
+    def _attn_proj_tile(pid_m, h, b, qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
+                        IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BO: tl.constexpr,
+                        CM: tl.constexpr):
+        # query tile pid_m of head h, image b: attention over every key with an online softmax, then the
+        # head's share of the output projection, times ls1, added atomically into r
+        rq = pid_m * BM + tl.arange(0, BM)
+        q_ok = rq < S
+        row = b * S + rq
+        q = tl.load(qkv_ptr + row[:, None] * (3 * D) + h * HD + tl.arange(0, HD)[None, :], mask=q_ok[:, None],
+                    other=0.0, cache_modifier=CM)
+        o = _attention(qkv_ptr, q, b * S, h, S, D, qk_scale, IEEE, HD, BM, BN, CM)
+        _proj_add(o, row, q_ok, h, projw_ptr, ls1_ptr, r_ptr, D, HAS_LS, IEEE, HD, BM, BO, True)
 
     @triton.jit
     def _attn_proj_kernel(qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
@@ -385,6 +403,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _kchunk(K: int, split: int, bk: int) -> int:
+    """The K range of one part of a K split into `split` parts, rounded up to whole K tiles of bk."""
+    return _cdiv(_cdiv(K, split), bk) * bk
+
+
 def attn_tiles(M: int, S: int, sms: int, heads: int) -> dict:
     """attn_proj: the query tile the largest of 64/32/16 whose grid still covers the SMs."""
     bm = next((bm for bm in (64, 32) if _cdiv(S, bm) * heads * (M // S) >= sms), 16)
@@ -437,7 +460,7 @@ def launch_fc2_res(k, c, h, fc2_w, fc2_b, ls2, r, out) -> None:
     M, hidden = B * S, fc2_w.shape[1]
     c = dict(c)
     split = c.pop("split")
-    kchunk = _cdiv(_cdiv(hidden, split), c["BK"]) * c["BK"]
+    kchunk = _kchunk(hidden, split, c["BK"])
     k[(_cdiv(M, c["BM"]), _cdiv(D, c["BN"]), _cdiv(hidden, kchunk))](
         h, fc2_w, fc2_b, _opt(ls2, fc2_b), r, out, M, D, hidden, kchunk,
         ATOMIC=split > 1, HAS_LS=ls2 is not None, IEEE=fc2_w.dtype == torch.float32, **c)
@@ -454,7 +477,7 @@ def persistent_tiles(M: int, S: int, D: int, hidden: int, sms: int, heads: int) 
         best = None
         for bm, bn in ((32, 64), (64, 64), (32, 128), (64, 128)):
             for split in range(1, max(1, min(K // 128, sms)) + 1) if split_k else (1,):
-                kchunk = _cdiv(_cdiv(K, split), 64) * 64
+                kchunk = _kchunk(K, split, 64)
                 n = _cdiv(M, bm) * _cdiv(N, bn) * _cdiv(K, kchunk)
                 if kchunk < K and n > sms:  # split over K (atomics) only to fill an otherwise idle grid
                     continue
@@ -643,15 +666,15 @@ def run_interpreted(x: torch.Tensor, *weights, sms: int = 132, hybrid: bool = Fa
     if not INTERPRET:
         raise RuntimeError("run_interpreted needs TRITON_INTERPRET=1 set before triton is imported")
     _check(x, weights)
+    x = x.contiguous()
     if hybrid:
-        return hybrid_block(x.contiguous(), *weights, attn_proj=functools.partial(attn_proj_res, _attn_proj_kernel, sms=sms),
+        return hybrid_block(x, *weights, attn_proj=functools.partial(attn_proj_res, _attn_proj_kernel, sms=sms),
                             fc2=functools.partial(fc2_res, _fc2_res_kernel, sms=sms))
     bufs = _buffers(x, weights[2], weights[9].shape[0], fill=float("nan"))  # poisoned: unwritten shows
     if persistent:
         bar = new_barrier(x.device)
         for phase in (1, 2, 4, 8):
-            launch_persistent(_block_kernel, x.contiguous(), *weights, *bufs, bar, sms=sms, phases=phase)
+            launch_persistent(_block_kernel, x, *weights, *bufs, bar, sms=sms, phases=phase)
         return bufs[0]
-    _launch((_ln_linear_kernel, _attn_proj_kernel, _ln_linear_kernel, _fc2_res_kernel), x.contiguous(), *weights, *bufs,
-            sms=sms)
+    _launch((_ln_linear_kernel, _attn_proj_kernel, _ln_linear_kernel, _fc2_res_kernel), x, *weights, *bufs, sms=sms)
     return bufs[0]
