@@ -22,6 +22,9 @@
 #   PART=persistent OUT=DIR bash scripts/gpu_run.sh  # the persistent blocks: GPU tests beside a .pt2 through the
 #                                                # C++ runner, ladder rows against the hybrid, the block's
 #                                                # sweep (phases and barriers alone), the kernel profile
+#   PART=attn OUT=DIR bash scripts/gpu_run.sh    # attn_proj at batch 1: the probe (parts, tiles) and Nsight
+#                                                # Compute, then the kernels' GPU tests beside the hybrid's .pt2
+#                                                # through the C++ runner, the ladder rows, the kernel profile
 # Every step has its own time limit and writes as it goes; $OUT gets run.log (the summary, also printed)
 # and results.tgz (every table, log and figure), since the device tool returns at most 8 files.
 set -u -o pipefail
@@ -61,6 +64,18 @@ gpu_tests() {  # every GPU test (the 2-GPU torchrun test skips on one GPU)
     -n "${XDIST:-8}" --dist load --durations=15 --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG"
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^[0-9.]+s (call|setup)" "$W/logs/gpu_tests.log" | tail -40 | tee -a "$LOG"
+}
+
+export_pkg() {  # export_pkg NAME SWITCHES: a vits bf16 .pt2 (bucket 256, combo kernels) into $W/export_NAME
+  timeout "${EXPORT_S:-300}" $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
+    --switches "$2" --inductor combo_kernels=true --cpp-runner "$W/cpp_build/depthpack_run" \
+    --out "$W/export_$1" >"$W/logs/export_$1.log" 2>&1
+}
+
+check_pkg() {  # check_pkg NAME: the export's last lines, then the C++ runner's check and latency on it
+  step "export $1: $(grep -v -e DEBUG -e '%|' "$W/logs/export_$1.log" | tail -2 | cut -c1-250 | tr '\n' ' ')"
+  [ -f "$W/export_$1/manifest.json" ] && timeout 60 "$W/cpp_build/depthpack_run" --manifest "$W/export_$1/manifest.json" \
+    --check "$W/export_$1/reference.safetensors" --bench 500 2>&1 | tail -3 | tee -a "$LOG"
 }
 
 if [ "$PART" = dev ]; then
@@ -186,12 +201,22 @@ if [ "$PART" = measure ]; then  # what run 4 of 2026-12-02 left unmeasured: B8 Q
     --fused-embed off --out "$W/profile" 2>&1 | quiet | grep -E 'kernels per forward|^\| [a-z]' | head -20 | tee -a "$LOG"
 fi
 
-fused_block_rows() {  # $1: folder under $W, $2: default time limit; the fused blocks' ladder rows, B1 Q256 and B8 Q512
-  step "ladder rows (vits bf16): plain compile+graph, counting selection, + fused blocks, + embed kernel, + combo"
-  timeout "${BENCH_S:-$2}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
-    --rows packed-compile+graph,lever-count-selection,lever-fused-blocks,lever-fused-blocks+embed,lever-fused-blocks+combo \
+ladder_rows() {  # ladder_rows DIR ROWS LIMIT: the ladder's ROWS (vits bf16, B1 Q256 and B8 Q512) into $W/DIR
+  step "ladder rows (vits bf16): $2"
+  timeout "${BENCH_S:-$3}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 --rows "$2" \
     --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/$1" 2>&1 | quiet \
     | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+}
+
+profile_b1() {  # profile_b1 DIR LIMIT ARGS...: the kernel profile of vits bf16 B1 Q256 with ARGS into $W/DIR
+  local dir=$1 limit=$2; shift 2
+  step "kernel profile (vits bf16 B1 Q256): $*"
+  timeout "${PROFILE_S:-$limit}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
+    --fused-embed off "$@" --out "$W/$dir" 2>&1 | quiet | grep -E 'kernels per forward|^\| ' | head -44 | tee -a "$LOG"
+}
+
+fused_block_rows() {  # $1: folder under $W, $2: default time limit; the fused blocks' ladder rows, B1 Q256 and B8 Q512
+  ladder_rows "$1" packed-compile+graph,lever-count-selection,lever-fused-blocks,lever-fused-blocks+embed,lever-fused-blocks+combo "$2"
 }
 
 if [ "$PART" = blocks ]; then  # issue 12's fused blocks: tests (beside the runner's build and a .pt2), rows, profile
@@ -223,29 +248,17 @@ if [ "$PART" = hybrid ]; then  # issue 12's hybrid blocks: GPU tests beside two 
   # levers, and the same + fused_blocks=hybrid), then on a quiet host the C++ runner's latency on each, the
   # ladder rows at B1 Q256 and B8 Q512, and the kernel profile
   ( build_runner
-    for v in "levers:selection=count,mlp_epilogue=true" "hybrid:selection=count,mlp_epilogue=true,fused_blocks=hybrid"; do
-      timeout "${EXPORT_S:-300}" $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
-        --switches "${v#*:}" --inductor combo_kernels=true --cpp-runner "$W/cpp_build/depthpack_run" \
-        --out "$W/export_${v%%:*}" >"$W/logs/export_${v%%:*}.log" 2>&1 &
-    done; wait ) > "$W/logs/build_export.out" 2>&1 &
+    export_pkg levers selection=count,mlp_epilogue=true &
+    export_pkg hybrid selection=count,mlp_epilogue=true,fused_blocks=hybrid &
+    wait ) > "$W/logs/build_export.out" 2>&1 &
   BG_PID=$!
   TEST_S=${TEST_S:-200} XDIST=4 gpu_tests tests/core/test_kernels.py \
     tests/runtime/test_predictor.py::test_gpu_backends_match_eager_no_sync_no_recapture
   wait $BG_PID; cat "$W/logs/build_export.out" | tee -a "$LOG"
-  for name in levers hybrid; do
-    step "export $name: $(grep -v -e DEBUG -e '%|' "$W/logs/export_$name.log" | tail -2 | cut -c1-250 | tr '\n' ' ')"
-    [ -f "$W/export_$name/manifest.json" ] && timeout 60 "$W/cpp_build/depthpack_run" --manifest "$W/export_$name/manifest.json" \
-      --check "$W/export_$name/reference.safetensors" --bench 500 2>&1 | tail -3 | tee -a "$LOG"
-  done
-  step "ladder rows (vits bf16): plain, the Inductor levers, four-kernel blocks, hybrid blocks"
-  timeout "${BENCH_S:-220}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
-    --rows packed-compile+graph,lever-mlp-epilogue,lever-combo-kernels,lever-fused-blocks,lever-hybrid-blocks,lever-hybrid-blocks+combo \
-    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/hybrid" 2>&1 | quiet \
-    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
-  step "kernel profile (vits bf16 B1 Q256), hybrid blocks + mlp epilogue"
-  timeout "${PROFILE_S:-70}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
-    --fused-embed off --fused-blocks hybrid --mlp-epilogue on --out "$W/profile_hybrid" 2>&1 | quiet \
-    | grep -E 'kernels per forward|^\| ' | head -44 | tee -a "$LOG"
+  check_pkg levers
+  check_pkg hybrid
+  ladder_rows hybrid packed-compile+graph,lever-mlp-epilogue,lever-combo-kernels,lever-fused-blocks,lever-hybrid-blocks,lever-hybrid-blocks+combo 220
+  profile_b1 profile_hybrid 70 --fused-blocks hybrid --mlp-epilogue on
 fi
 
 if [ "$PART" = frameloop ]; then  # the robot's latency: the C++ frame loop (640x480 bgr8 frames from the host,
@@ -272,27 +285,35 @@ if [ "$PART" = persistent ]; then  # issue 12's persistent blocks (one launch a 
   # the runner's build and a .pt2 with them, then on a quiet host the C++ runner's latency, the ladder rows
   # (plain, counting selection, the hybrid's best row, persistent blocks with and without combo) and the profile
   ( build_runner
-    timeout "${EXPORT_S:-300}" $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
-      --switches selection=count,fused_blocks=persistent --inductor combo_kernels=true \
-      --cpp-runner "$W/cpp_build/depthpack_run" --out "$W/export_persistent" >"$W/logs/export_persistent.log" 2>&1
+    export_pkg persistent selection=count,fused_blocks=persistent
     echo "export exit $?" ) > "$W/logs/build_export.out" 2>&1 &
   BG_PID=$!
   TEST_S=${TEST_S:-200} XDIST=4 gpu_tests tests/core/test_kernels.py
   wait $BG_PID; cat "$W/logs/build_export.out" | tee -a "$LOG"
-  step "export persistent: $(grep -v -e DEBUG -e '%|' "$W/logs/export_persistent.log" | tail -2 | cut -c1-250 | tr '\n' ' ')"
-  [ -f "$W/export_persistent/manifest.json" ] && timeout 60 "$W/cpp_build/depthpack_run" \
-    --manifest "$W/export_persistent/manifest.json" --check "$W/export_persistent/reference.safetensors" --bench 500 \
-    2>&1 | tail -3 | tee -a "$LOG"
-  step "ladder rows (vits bf16): plain, counting selection, hybrid + combo, persistent blocks (+ combo)"
-  timeout "${BENCH_S:-220}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
-    --rows packed-compile+graph,lever-count-selection,lever-hybrid-blocks+combo,lever-persistent-blocks,lever-persistent-blocks+combo \
-    --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/persistent" 2>&1 | quiet \
-    | grep -E '^\| vits|failed|^\{' | cut -c1-260 | tee -a "$LOG"
+  check_pkg persistent
+  ladder_rows persistent packed-compile+graph,lever-count-selection,lever-hybrid-blocks+combo,lever-persistent-blocks,lever-persistent-blocks+combo 220
   step "the persistent block alone (B1, 321 tokens): tile variants, each phase alone, the barriers alone"
   timeout "${SWEEP_S:-120}" $PY scripts/block_kernel_sweep.py --persistent --cases 1x321 --out "$W/persistent_sweep" \
     2>&1 | grep -E '^\| 1 |persistent_tiles' | tee -a "$LOG"
-  step "kernel profile (vits bf16 B1 Q256), persistent blocks"
-  timeout "${PROFILE_S:-70}" $PY -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 \
-    --fused-embed off --fused-blocks persistent --out "$W/profile_persistent" 2>&1 | quiet \
-    | grep -E 'kernels per forward|^\| ' | head -44 | tee -a "$LOG"
+  profile_b1 profile_persistent 70 --fused-blocks persistent
+fi
+
+if [ "$PART" = attn ]; then  # issue 12's attention at batch 1: where attn_proj's time goes, its tiles, then what
+  # the chosen tiles give the whole forward (hybrid and persistent rows, the hybrid .pt2 from C++)
+  step "attn_proj probe (B1, 321 tokens): parts and tiles"
+  mkdir -p "$W/attn_probe"
+  timeout "${PROBE_S:-150}" $PY scripts/attn_probe.py --out "$W/attn_probe" 2>&1 | grep -E '^\|' | head -24 | tee -a "$LOG"
+  step "Nsight Compute on attn_proj at its tiles"
+  timeout 90 bash scripts/attn_probe_ncu.sh >"$W/attn_probe/ncu.txt" 2>&1
+  grep -E "Duration|Elapsed Cycles|SM Frequency|Achieved Occupancy|Issued Warp|Registers Per|Dynamic Shared" \
+    "$W/attn_probe/ncu.txt" | tee -a "$LOG"
+  ( build_runner
+    export_pkg hybrid selection=count,mlp_epilogue=true,fused_blocks=hybrid
+    echo "export exit $?" ) > "$W/logs/build_export.out" 2>&1 &
+  BG_PID=$!
+  TEST_S=${TEST_S:-200} XDIST=4 gpu_tests tests/core/test_kernels.py
+  wait $BG_PID; cat "$W/logs/build_export.out" | tee -a "$LOG"
+  check_pkg hybrid
+  ladder_rows ladder packed-compile+graph,lever-hybrid-blocks+combo,lever-persistent-blocks+combo 200
+  profile_b1 profile_hybrid 70 --fused-blocks hybrid --mlp-epilogue on
 fi
