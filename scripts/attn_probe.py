@@ -79,9 +79,8 @@ def main() -> None:
             rows.append(dict(B=B, S=S, what=what, cfg=c, us=round(us, 2)))
             print(rows[-1], flush=True)
         # the share of each part, at the library's tiles
-        base = dict(BM=lib["BM"], BN=lib["BN"], BO=lib["BO"], num_warps=lib["num_warps"], num_stages=lib["num_stages"])
         for attn, proj in ((1, 1), (1, 0), (0, 1), (1, 2), (0, 0)):
-            cfg = dict(base, ATTN=attn, PROJ=proj)
+            cfg = dict(lib, ATTN=attn, PROJ=proj)
             rows.append(dict(B=B, S=S, what="parts", cfg=cfg, us=round(bench(run(cfg)), 2)))
             print(rows[-1], flush=True)
         # tiles: query rows, key tile, projection columns, warps, pipeline stages

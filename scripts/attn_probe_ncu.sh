@@ -9,7 +9,7 @@ qkv = torch.randn(B * S, 3 * D, device="cuda").bfloat16()
 w = (torch.randn(D, D, device="cuda") * D ** -0.5).bfloat16()
 ls1 = torch.rand(D, device="cuda").bfloat16()
 r = torch.zeros(B, S, D, device="cuda")
-c = vb.attn_tiles(B * S, S, 132, heads)
+c = vb.attn_tiles(B * S, S, torch.cuda.get_device_properties(0).multi_processor_count, heads)
 for _ in range(5):
     vb.launch_attn_proj(vb._attn_proj_kernel, c, qkv, w, ls1, r, heads)
 torch.cuda.synchronize()

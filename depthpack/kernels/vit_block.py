@@ -411,8 +411,8 @@ def _kchunk(K: int, split: int, bk: int) -> int:
 def attn_tiles(M: int, S: int, sms: int, heads: int) -> dict:
     """attn_proj: the query tile the largest of 64/32/16 whose grid still covers the SMs. At 16 rows (batch 1:
     a grid of one program per SM, each a chain of dependent steps on an otherwise idle SM) key and
-    projection tiles of 128, half the steps: 7.1 us against 8.4 with 64 at 321 tokens on the H200
-    (scripts/attn_probe.py, docs/bench/h200/2026-12-03/attn_probe/)."""
+    projection tiles of 128, half the steps: 6.8 us against 8.5 with 64 at 321 tokens on the H200
+    (scripts/attn_probe.py, docs/bench/h200/2026-12-03/attn/attn_probe/)."""
     bm = next((bm for bm in (64, 32) if _cdiv(S, bm) * heads * (M // S) >= sms), 16)
     bn = 128 if bm == 16 else 64
     return dict(BM=bm, BN=bn, BO=bn, num_warps=4, num_stages=3)
