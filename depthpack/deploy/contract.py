@@ -54,8 +54,9 @@ FOCAL_UNITS = "pixels of the input"
 BUCKET_KEYS = ("bucket", "file", "sha256", "inputs", "outputs")
 TENSOR_DTYPES = ("float32", "uint8")
 FRAME_FORMATS = {"bgr8": "bgr", "rgb8": "rgb"}  # the exporter's --frame-format -> the manifest's frame color
-# keys of the package's own metadata (aot_inductor.metadata): its bucket and its inputs as JSON
-PACKAGE_BUCKET, PACKAGE_INPUTS = "depthpack.bucket", "depthpack.inputs"
+# keys of the package's own metadata (aot_inductor.metadata): its bucket, its inputs as JSON, and the
+# constants it expects from the weights file as JSON {fqn: {"dtype": "bfloat16", "shape": [..]}}
+PACKAGE_BUCKET, PACKAGE_INPUTS, PACKAGE_CONSTANTS = "depthpack.bucket", "depthpack.inputs", "depthpack.constants"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # |package - eager| <= atol + rtol * |eager|, depth in meters. float32 packages differ from eager only by

@@ -34,11 +34,11 @@ from ..core.checkpoint import load_model
 from ..core.config import PRESETS, ModelConfig, model_config, to_dict
 from ..core.files import atomic_write_json, publish_dir, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
-from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
+from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
                        REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, WEIGHTS, io_specs, onnx_name, package_name,
                        read_manifest, verify_file)
 from .onnx import export_onnx
-from .package import (ExportError, PackedForward, cast_model, check_constants, compile_packages, export_program,
+from .package import (ExportError, PackedForward, cast_model, check_constants, compile_packages, constant_specs, export_program,
                       levers_for, manifest_focal, package_constants)
 from .reference import write_reference
 from .selfcheck import find_cpp_runner, finish_self_check, start_self_check
@@ -352,8 +352,10 @@ def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g
         times["export_s"][k] = round(time.perf_counter() - t0, 2)
         inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame, deployed.cfg.uses_focal)
         path = out / package_name(k)
-        jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k,
-                     "metadata": {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))},
+        metadata = {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))}
+        if weights is not None:
+            metadata[PACKAGE_CONSTANTS] = json.dumps(constant_specs(ep), separators=(",", ":"))
+        jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k, "metadata": metadata,
                      "static_cxx_runtime": opts.static_cxx_runtime, "weights_outside": weights is not None})
         entries.append({"bucket": k, "file": path.name, "inputs": inputs, "outputs": outputs})
     workers = opts.compile_workers if opts.compile_workers is not None else max(1, min(len(jobs), (os.cpu_count() or 1) // 4))

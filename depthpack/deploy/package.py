@@ -147,6 +147,13 @@ def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.T
                               f"export with weights inside the packages (--weights-in-packages)")
 
 
+def constant_specs(ep: torch.export.ExportedProgram) -> dict[str, dict]:
+    """{fqn: {"dtype", "shape"}} of every tensor constant of the program: what the package expects from
+    the weights file, recorded in its metadata so both runners check a weights file before attaching it."""
+    return {name: {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+            for name, t in sorted({**ep.state_dict, **ep.constants}.items()) if isinstance(t, torch.Tensor)}
+
+
 def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_configs: dict | None = None,
                     metadata: dict[str, str] | None = None, static_cxx_runtime: bool = False,
                     weights_outside: bool = False) -> Path:

@@ -223,6 +223,11 @@ class Predictor:
             if buckets is not None:  # another ladder (the benchmark's dense rows: one bucket of Q)
                 self.buckets = tuple(sorted(int(b) for b in buckets))
 
+    @classmethod
+    def from_packages(cls, manifest, device=None, color: str | None = None, validate: bool = True) -> "Predictor":
+        """A Predictor over an export folder's packages (DIR/manifest.json)."""
+        return cls(None, device=device, backend="aoti", packages=manifest, color=color, validate=validate)
+
     # ---- setup ----------------------------------------------------------------------------------
     def _init_model(self, model, dtype, switches) -> None:
         model = copy.deepcopy(model).to(self.device).eval()  # the caller's model stays as it was
