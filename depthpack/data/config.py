@@ -8,6 +8,11 @@ kind
     "nyu"        BTS-style folder: rgb_XXXXX.jpg + sync_depth_XXXXX.png (uint16 mm), searched recursively.
     "kitti"      KITTI depth: RGB PNG + uint16 PNG, meters = value / 256, 0 = no measurement.
     "folder"     generic: root/rgb/NAME.{png,jpg} + root/depth/NAME.{png,npy,pfm}.
+    "bag"        ROS 1 / ROS 2 (sqlite3, MCAP) recordings read with rosbags (depthpack.data.bag); root = a
+                 bag, a folder of bags, or several joined by ','; image_topic, depth_topic (and info_topic)
+                 name the streams; colour and depth pair by stamp within pair_tol_ms; train / val are
+                 contiguous time blocks of split_block_s (every val_every-th block is val, split_gap_s
+                 left out on each side of it); cache / cache_dir keep the decoded, resized frames.
 Splits of file-based kinds: "train" reads split_file, "val" reads val_split_file (or split_file when
 only that is given: the list to evaluate on); with no split file at all the sorted listing is cut
 deterministically, val = the last min(num_val, n // 2) samples, train = the rest; "all" = everything.
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("synthetic", "nyu_mat", "nyu", "kitti", "folder")
+KINDS = ("synthetic", "nyu_mat", "nyu", "kitti", "folder", "bag")
 SCENES = ("indoor", "outdoor", "mixed")
 RIGS = ("varied", "fixed", "lens")  # synthetic camera rigs (see depthpack.data.synthetic.FIXED_RIG)
 CROPS = (None, "eigen_nyu", "garg", "eigen_kitti")
@@ -71,6 +76,13 @@ class DataConfig:
     focal: float | None = None  # focal length in pixels of the native files (fx = fy), for every sample;
     #                             None: the data set's own (depthpack.data.intrinsics), else unknown
     intrinsics: str | None = None  # a K file (9 numbers, 12 of P, or fx fy cx cy) for every sample
+    image_topic: str | None = None  # bag: the colour topic (sensor_msgs/Image or CompressedImage)
+    depth_topic: str | None = None  # bag: the depth topic (16UC1 mm, 32FC1 m, or compressedDepth), registered to the colour
+    info_topic: str | None = None  # bag: the CameraInfo topic (None: the colour topic's sibling camera_info, if any)
+    pair_tol_ms: float = 10.0  # bag: colour and depth stamps closer than this pair (a third of a 30 fps frame)
+    split_block_s: float = 10.0  # bag: train / val are cut into contiguous blocks of this many seconds
+    val_every: int = 5  # bag: every val_every-th block is validation (20%)
+    split_gap_s: float = 1.0  # bag: train frames this close to a validation block are left out (near-copies)
 
     def __post_init__(self) -> None:
         from ..core.config import coerce_fields
@@ -85,8 +97,15 @@ class DataConfig:
             problems.append(f"kind={self.kind!r} needs root (the data set's folder or file)")
         if self.depth_scale is not None and not self.depth_scale > 0:
             problems.append(f"depth_scale must be > 0, got {self.depth_scale}")
-        if self.device_cache and (self.kind != "synthetic" or not self.cache_dir):
-            problems.append("device_cache needs kind='synthetic' and cache_dir (where the rendered scenes are kept)")
+        if self.device_cache and (self.kind not in ("synthetic", "bag") or not self.cache_dir):
+            problems.append("device_cache needs kind='synthetic' or 'bag' and cache_dir (where the scenes or frames are kept)")
+        if self.kind == "bag":
+            if not (self.image_topic and self.depth_topic):
+                problems.append("kind='bag' needs image_topic and depth_topic (python -m depthpack.bag info BAG lists them)")
+            if not (self.pair_tol_ms >= 0 and self.split_block_s > 0 and self.val_every >= 2 and 0 <= self.split_gap_s < self.split_block_s):
+                problems.append(f"kind='bag' needs pair_tol_ms >= 0, split_block_s > 0, val_every >= 2 and "
+                                f"0 <= split_gap_s < split_block_s, got {self.pair_tol_ms}, {self.split_block_s}, "
+                                f"{self.val_every}, {self.split_gap_s}")
         if self.render_budget_s is not None and not self.render_budget_s > 0:
             problems.append(f"render_budget_s must be > 0 seconds or null, got {self.render_budget_s}")
         if self.focal is not None and not self.focal > 0:

@@ -1,4 +1,4 @@
-"""The data sets: synthetic scenes, NYU Depth v2 (.mat and folder), KITTI, generic folders.
+"""The data sets: synthetic scenes, NYU Depth v2 (.mat and folder), KITTI, generic folders, ROS bags.
 
 Each returns, for dataset[i], dict(image [3,H,W] float32 in [0,1], depth [H,W] float32 meters (0 where
 invalid), valid [H,W] bool, eval_mask [H,W] bool, name str) at the requested size.
@@ -282,6 +282,11 @@ def make_dataset(cfg: DataConfig, split: str, img_size: tuple[int, int], min_dep
         raise ValueError(f"split={split!r} is not one of ('train', 'val', 'all')")
     if cfg.kind == "synthetic":
         return SyntheticDataset(cfg, "train" if split == "all" else split, img_size, min_depth, max_depth)
+    if cfg.kind == "bag":
+        from .bag import BagDataset  # rosbags is imported only by bag data sets
+        ds = BagDataset(cfg, split, img_size, min_depth, max_depth)
+        ds.check_nonempty()
+        return ds
     listfile = (cfg.val_split_file or cfg.split_file) if split == "val" else cfg.split_file
     if cfg.kind == "nyu_mat":
         with open_nyu_mat(cfg.root) as f:
