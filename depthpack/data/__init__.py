@@ -1,4 +1,4 @@
-"""Data: synthetic scenes, NYU Depth v2, KITTI and generic folders; query sampling; folder writer.
+"""Data: synthetic scenes, NYU Depth v2, KITTI, generic folders, ROS bags; query sampling; folder writer.
 
     ds = make_dataset(DataConfig(kind="synthetic"), "train", (224, 224), 0.1, 20.0)
     s = ds[0]   # image [3,H,W], depth [H,W] m (0 invalid), valid, eval_mask [H,W] bool, name
@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import torch
 
+from .bag import BagDataset, BagWriter
 from .common import BadSample, SkippingDataset, crop_mask, make_sample, valid_mask
 from .config import DataConfig
 from .datasets import NyuMatDataset, PairsDataset, SyntheticDataset, make_dataset
@@ -20,7 +21,7 @@ from .queries import sample_queries, sobel_magnitude
 from .synthetic import render
 
 __all__ = ["DataConfig", "make_dataset", "sample_queries", "write_folder_sample", "render", "BadSample",
-           "SkippingDataset", "SyntheticDataset", "PairsDataset", "NyuMatDataset", "crop_mask", "valid_mask", "make_sample",
+           "SkippingDataset", "SyntheticDataset", "PairsDataset", "NyuMatDataset", "BagDataset", "BagWriter", "crop_mask", "valid_mask", "make_sample",
            "read_depth", "read_rgb", "read_pfm", "decode_uint16", "encode_uint16", "sobel_magnitude"]
 
 def write_folder_sample(sample: dict, root: str, name: str, depth_scale: float = 1000.0) -> tuple[Path, Path]:

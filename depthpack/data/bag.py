@@ -203,7 +203,7 @@ def _pixels(msg, channels: int, dtype, what: str) -> np.ndarray:
                               f"{data.size} bytes")
     if data.size < step * h:
         data = np.concatenate([data, np.zeros(step * h - data.size, np.uint8)])
-    rows = np.ascontiguousarray(data[:step * h].reshape(h, step)[:, :row])
+    rows = data[:step * h].reshape(h, step)[:, :row].copy()  # writable, contiguous (the message's buffer is read-only)
     return rows.view(dt).reshape(h, w, channels).astype(dt.newbyteorder("="), copy=False)
 
 
