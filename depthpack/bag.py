@@ -192,9 +192,11 @@ def run_bag(bag, out, predictor, image_topic: str, points="grid:16x12", depth_to
     fmt = output_format(bag_format(bag), out, storage)
     if out.resolve() == bag.resolve():
         raise ValueError(f"--out {out} is the input bag")
-    idx = index_bag(bag, BagTopics(image_topic, depth_topic, info_topic), tol_ms, need_depth=False)
+    idx = index_bag(bag, BagTopics(image_topic, None, info_topic), tol_ms, need_depth=False)  # every colour frame
     by_color = {ct: k for k, (ct, _, _) in enumerate(idx.frames)}
-    wanted_depth = {dt: k for k, (_, dt, _) in enumerate(idx.frames) if dt is not None}
+    paired = index_bag(bag, BagTopics(image_topic, depth_topic, idx.topics.info), tol_ms) if depth_topic else idx
+    depth_of = {ct: dt for ct, dt, _ in paired.frames if dt is not None}  # the depth that scores each frame
+    wanted_depth = {dt: by_color[ct] for ct, dt in depth_of.items()}
     n = min(len(idx.frames), max_frames or len(idx.frames))
     csv_path, json_path = out.with_name(out.name + ".csv"), out.with_name(out.name + ".json")
     csv_tmp = temporary_name(csv_path)
@@ -269,7 +271,7 @@ def run_bag(bag, out, predictor, image_topic: str, points="grid:16x12", depth_to
                         for (u, v), p, (x, y, z) in zip(pts.tolist(), pred.tolist(), xyz.tolist())]
                 if k in pending_depth:
                     score(k, pts, pred, (h, wd), pending_depth.pop(k), rows)
-                elif idx.frames[k][1] is not None:
+                elif t in depth_of:
                     pending_pred[k], rows_of[k] = (pts, pred, (h, wd)), rows
                 if k not in rows_of:
                     csv.writelines(",".join(row) + "\n" for row in rows)
@@ -288,7 +290,7 @@ def run_bag(bag, out, predictor, image_topic: str, points="grid:16x12", depth_to
     report = dict(bag=str(bag), out=str(out), csv=str(csv_path), format=fmt, answer_topic=answer_topic,
                   answer_message="sensor_msgs/PointCloud2 (u, v, depth, x, y, z float32)", frames=done,
                   points_per_frame=int(len(points_for(spec, 64, 64)) if isinstance(spec, tuple) else len(spec)),  # a grid: C x R at any size
-                  pairing=idx.summary(), predictor=predictor.describe(), device=str(predictor.device),
+                  pairing=paired.summary(), predictor=predictor.describe(), device=str(predictor.device),
                   latency_ms=dict(first_call_ms=round(first, 3) if first is not None else None,
                                   **({k: round(v, 3) if isinstance(v, float) else v for k, v in summarize(lat).items()}
                                      if lat else {"calls": 0})),
@@ -439,7 +441,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.max_frames is not None and a.max_frames < 1:
         ap.error(f"--max-frames {a.max_frames}: must be >= 1")
     spec = parse_points(a.points)
-    check_output(Path(a.out), output_format(bag_format(a.bag), Path(a.out), a.storage))  # before loading a model
+    check_output(Path(a.out), output_format(bag_format(a.bag), Path(a.out), a.storage))  # before loading a model,
+    with BagReader(a.bag) as rd:  # and the topics too
+        rd.require(a.image_topic, "colour", (IMAGE, COMPRESSED))
+        if a.depth_topic:
+            rd.require(a.depth_topic, "depth", (IMAGE, COMPRESSED))
+        if a.info_topic:
+            rd.require(a.info_topic, "CameraInfo", (CAMERA_INFO,))
     pred, depth_range = make_predictor(a.checkpoint, a.packages, None, a.device, a.dtype)
     report = run_bag(a.bag, a.out, pred, a.image_topic, spec, a.depth_topic, a.info_topic, a.tolerance_ms,
                      a.answer_topic, a.storage, a.max_frames, not a.no_progress, depth_range)

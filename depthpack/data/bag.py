@@ -162,7 +162,7 @@ class BagReader:
         return self.topics[topic]
 
     def messages(self, connections=(), start=None, stop=None):
-        """(connection, log time ns, deserialized message); a read error is a ValueError naming the bag."""
+        """(connection, log time ns, raw bytes) in log-time order; a read error is a ValueError naming the bag."""
         try:
             for c, t, raw in self.reader.messages(connections=connections, start=start, stop=stop):
                 yield c, t, raw

@@ -140,7 +140,7 @@ def test_command_errors_are_one_line(tmp_path, capsys):
     cases = [
         (["info", str(tmp_path / "missing.bag")], "no such file or folder"),
         (["run", str(tmp_path / "r.bag"), "--image-topic", "/nope", "--points", "grid:2x2", "--checkpoint", "x",
-          "--out", str(tmp_path / "o.bag")], None),  # the checkpoint is checked first: either error is one line
+          "--out", str(tmp_path / "o.bag")], "no colour topic '/nope'; its topics: .*/cam/rgb"),  # before the model
         (base + ["--out", str(tmp_path / "o")], "the output is one too, named \\*.bag"),
         (["run", str(tmp_path / "r.bag"), "--image-topic", "/cam/rgb", "--points", "grid:2", "--checkpoint", "x",
           "--out", str(tmp_path / "o.bag")], "grid:COLSxROWS"),
@@ -189,3 +189,25 @@ def test_demo_recording_is_a_ros2_mcap_bag_with_colour_depth_and_camera_info(tmp
     rep = run_bag(rec["bag"], tmp_path / "out", predictor(model), rec["image_topic"], "grid:4x4", rec["depth_topic"],
                   progress=False)
     assert rep["frames"] == 4 and 0 < rep["accuracy"]["abs_rel"] and rep["accuracy"]["points"] > 0
+
+
+def test_run_answers_every_frame_and_scores_only_the_paired_ones(tmp_path, model):
+    from depthpack.data.bag import IMAGE, BagWriter
+    from test_bag import frame_arrays
+
+    with BagWriter(tmp_path / "in.bag") as w:
+        c, d = w.add("/c", IMAGE), w.add("/d", IMAGE)
+        for k in range(4):
+            rgb, depth = frame_arrays(k)
+            t = T0 + k * 100_000_000
+            w.write(c, t, w.image(rgb, "rgb8", t))
+            if k % 2 == 0:  # depth for frames 0 and 2 only; frame 3's depth arrives first
+                w.write(d, t, w.image(depth, "32FC1", t))
+        t = T0 + 3 * 100_000_000
+        w.write(d, t - 1, w.image(frame_arrays(3)[1], "32FC1", t))
+    rep = run_bag(tmp_path / "in.bag", tmp_path / "out.bag", predictor(model), "/c", "grid:2x2", depth_topic="/d",
+                  progress=False)
+    assert rep["frames"] == 4 and len(read_back(tmp_path / "out.bag", "/depthpack/points")) == 4
+    assert rep["pairing"]["paired"] == 3 and rep["pairing"]["dropped_colour"] == 1 and rep["accuracy"]["frames"] == 3
+    rows = Path(rep["csv"]).read_text().splitlines()[1:]
+    assert len(rows) == 16 and all(r.split(",")[-1] == "" for r in rows if r.startswith("1,"))  # no depth for frame 1
