@@ -3,8 +3,8 @@
 // a colcon package where ROS 2 is installed (rclcpp, sensor_msgs), linking libdepthpack.a and libtorch
 // as deploy_cpp/CMakeLists.txt does for robot_loop; docs/bags.md has the CMake lines.
 //
-//   ros2 run depthpack_ros ros2_node --ros-args -p manifest:=/opt/depthpack/cam/manifest.json \
-//       -r image:=/camera/color/image_raw -r camera_info:=/camera/color/camera_info
+//   ros2 run depthpack_ros ros2_node --ros-args -p manifest:=/opt/depthpack/cam/manifest.json
+//       -r image:=/camera/color/image_raw -r camera_info:=/camera/color/camera_info   (one command line)
 //
 // It subscribes to a colour image (rgb8 or bgr8) and its CameraInfo, and publishes on "points" the
 // same answers as `python -m depthpack.bag run`: sensor_msgs/PointCloud2, one point per query, float32
