@@ -16,7 +16,8 @@ Every file is written to a temporary name, fsynced and renamed (``os.replace``),
 sees half a file under a final name. ``meta.json`` is written after the files it describes and
 ``latest.json`` after ``meta.json``: a checkpoint without a valid ``meta.json`` is incomplete, and a
 file whose size or hash differs from ``meta.json`` is corrupt. Both are reported with their path and
-the previous checkpoint is used instead (the last ``keep`` checkpoints are kept, 2 by default).
+the previous checkpoint is used instead (the last ``keep`` checkpoints are kept, 2 by default). A
+training run deletes the incomplete ones when it starts (``remove_incomplete``).
 
 ``load_model(path)`` rebuilds a DepthPack from any of: a run folder, a checkpoint folder, or a
 ``model.safetensors`` file (with its ``config.json`` beside it).
@@ -28,14 +29,14 @@ import random
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .config import ModelConfig, from_dict
 from .model import DepthPack
-from .files import atomic_write_bytes, atomic_write_json, sha256_bytes
+from .files import atomic_write_bytes, atomic_write_json, remove_stale_temporaries, sha256_bytes
 
 WEIGHTS, STATE, CONFIG, META, LATEST = "model.safetensors", "state.pt", "config.json", "meta.json", "latest.json"
 CKPT_DIR = "checkpoints"
@@ -110,7 +111,20 @@ def _torch_bytes(obj: Any) -> bytes:
 def _prune(out_dir: str | Path, keep: int) -> None:
     dirs = list_checkpoints(out_dir)
     for d in dirs[:-keep] if keep > 0 else []:
+        (d / META).unlink(missing_ok=True)  # first: a prune cut short leaves an incomplete folder, not a corrupt one
         shutil.rmtree(d, ignore_errors=True)
+
+
+def remove_incomplete(out_dir: str | Path) -> list[Path]:
+    """Delete the checkpoint folders of a run without meta.json (a write or a prune that a kill or a full
+    disk cut short: never a usable checkpoint), except one a live process is writing; returns them."""
+    gone = []
+    for d in list_checkpoints(out_dir):
+        remove_stale_temporaries(d)
+        if not (d / META).exists() and not any(d.glob(".*.tmp*")):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
 
 
 # ---- find + verify + load -----------------------------------------------------------------------
@@ -183,9 +197,17 @@ def load_state_bytes(data: bytes, where: str | Path = "<bytes>") -> dict[str, An
     """torch.load with weights_only=True: tensors and plain containers only, never arbitrary objects."""
     import io
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols before it refuses
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # pickle.UnpicklingError for forbidden globals, RuntimeError for bad zips
-        raise CheckpointError(f"{where}: refused or unreadable training state ({type(e).__name__}: {e})") from None
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
+        why = next((ln for ln in lines if not ln.startswith(_TORCH_LOAD_BOILERPLATE)), lines[0])
+        raise CheckpointError(f"{where}: refused or unreadable training state ({type(e).__name__}: {why})") from None
+
+
+# the lines of torch.load's refusal that say nothing about the file (one even advises weights_only=False)
+_TORCH_LOAD_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
 
 
 def load_weights_bytes(data: bytes, where: str | Path = "<bytes>") -> dict[str, torch.Tensor]:
@@ -196,11 +218,25 @@ def load_weights_bytes(data: bytes, where: str | Path = "<bytes>") -> dict[str, 
         raise CheckpointError(f"{where}: not a readable safetensors file ({type(e).__name__}: {e})") from None
 
 
-def latest_checkpoint(out_dir: str | Path) -> tuple[Path, dict[str, bytes]] | None:
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str | Path) -> None:
+    """state into model, strictly; one CheckpointError line saying which tensors differ otherwise."""
+    own = model.state_dict()
+    differ = {"missing": [k for k in own if k not in state], "unexpected": [k for k in state if k not in own],
+              "of another shape": [k for k in own if k in state and state[k].shape != own[k].shape]}
+    said = [f"{len(ks)} {what} ({', '.join(ks[:3])}{', ...' if len(ks) > 3 else ''})" for what, ks in differ.items() if ks]
+    if said:
+        raise CheckpointError(f"{where} holds the weights of another model: tensors " + "; ".join(said))
+    model.load_state_dict(state, strict=True)
+
+
+def latest_checkpoint(out_dir: str | Path, use: Callable[[Path, dict[str, bytes]], Any] | None = None
+                      ) -> tuple[Path, Any] | None:
     """The newest checkpoint of a run that verifies, with its file bytes; None if the run has none.
 
     latest.json names the newest complete one; if it is corrupt (or latest.json is), older
-    checkpoints are tried in turn, newest first, each failure warned about with its path.
+    checkpoints are tried in turn, newest first, each failure warned about with its path. With `use`,
+    a checkpoint must also pass use(folder, file bytes), which raises CheckpointError where it cannot
+    use it (e.g. weights of another model), and the pair holds what use returned instead of the bytes.
     """
     out_dir = Path(out_dir)
     candidates = list(reversed(list_checkpoints(out_dir)))
@@ -214,7 +250,8 @@ def latest_checkpoint(out_dir: str | Path) -> tuple[Path, dict[str, bytes]] | No
     errors = []
     for d in candidates:
         try:
-            found = d, verify_checkpoint(d)
+            blobs = verify_checkpoint(d)
+            found = d, blobs if use is None else use(d, blobs)
         except CheckpointError as e:
             errors.append(str(e))
             continue
@@ -260,11 +297,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         blobs = {n: (d / n).read_bytes() for n in (WEIGHTS, CONFIG)}
     stored = parse_config(blobs[CONFIG], d / CONFIG)
     model = DepthPack(from_dict(ModelConfig, {**stored["model"], "backbone_weights": None}))
-    state = load_weights_bytes(blobs[WEIGHTS], d / WEIGHTS)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"{d / WEIGHTS} does not match the model of {d / CONFIG}: {e}") from None
+    load_weights(model, load_weights_bytes(blobs[WEIGHTS], d / WEIGHTS), d / WEIGHTS)
     model.eval()
     if dtype is not None:
         model.to(dtype=dtype)
