@@ -30,3 +30,22 @@ def tiny():
     from depthpack import create_model
 
     return randomize_(create_model("tiny")).eval()
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """The Predictor's compiled path on a CPU without Inductor's minutes of compiling: Dynamo traces
+    the forward as it would for Inductor, AOTAutograd runs it eagerly (the static-batch machinery is the same)."""
+    import depthpack.runtime.predictor as predictor
+
+    monkeypatch.setattr(predictor, "COMPILE_BACKEND", "aot_eager")
+
+
+def with_buckets(model, buckets):
+    """A copy of model whose bucket ladder is an export's (the same chunking as its packages)."""
+    import copy
+    import dataclasses
+
+    same = copy.deepcopy(model)
+    same.cfg = dataclasses.replace(same.cfg, buckets=tuple(buckets))
+    return same

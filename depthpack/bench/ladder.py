@@ -1,23 +1,23 @@
-"""python -m depthpack.bench: latency of the dense, masked and packed paths as a ladder of switches.
+"""python -m depthpack.bench: latency of the packed forward as a ladder, beside the masked and dense baselines.
 
-    python -m depthpack.bench --preset vits --dtype bfloat16 --batch 1,8 --queries 16,64,256,1024,4096 --out DIR
-    python -m depthpack.bench --preset tiny --device cpu          # the CI smoke run (CPU rows)
+    python -m depthpack.bench --preset vits --pairs 1x256,8x512 --out DIR   # the H200's two points
+    python -m depthpack.bench --preset tiny --device cpu                     # the CI smoke run (CPU rows)
 
-Each row is a declared Predictor configuration, and each row but the baselines is an earlier row plus
-one switch (LADDER; segment-anything-fast's ladder): masked eager -> + CUDA graph; dense likewise;
-packed eager -> + graph -> + compile, and the ablations (Inductor's reduce-overhead, max-autotune,
-the Triton embed kernel) on top. Depth Anything V2 Small's architecture (random weights, same image
-size, sampled at the same points) is the dense model users pick instead.
+The top row, `fast`, is the default Predictor: what `Predictor(model, device="cuda")` runs (the fast
+recipe, core.fast). Below it the ladder (segment-anything-fast's): each row is an earlier row plus one
+thing, packed eager -> + CUDA graph -> + torch.compile -> + each kernel of the fast recipe; beside it
+the baselines the model replaces, called from the model itself: every token with the keys masked to
+the packed selection (masked), every token (dense), and Depth Anything V2 Small's architecture (random
+weights, same image size, sampled at the same points), the dense model users pick instead.
 
 Inputs: float images already on the device (the model's own figure), or, in the @frames rows, uint8
 BGR camera frames of --frame-size on the host with points in frame pixels (what a robot has).
 Protocol: warmup (compile and capture) excluded and reported apart; a discarded back-to-back spell before
-each row (an idle GPU clocks down); inputs rotated among --sets sets;
-each row timed two ways: latency = one call followed by a device sync on the host clock (what a
-caller meets; median and p90), and back-to-back = CUDA events around each call without a sync
-between (throughput); --repeats repeats and the spread of the repeat medians (run-to-run variation);
-FLOPs with torch.utils.flop_counter over one eager call of the same path; kernels per forward with
-torch.profiler over Predictor.predict_uncaptured (the same kernels, not replayed from a graph).
+each row (an idle GPU clocks down); inputs rotated among --sets sets; each row timed two ways: latency =
+one call followed by a device sync on the host clock (what a caller meets; median and p90), and
+back-to-back = CUDA events around each call without a sync between (throughput); --repeats repeats and
+the spread of the repeat medians; FLOPs with torch.utils.flop_counter over one eager call of the same
+path; kernels per forward with torch.profiler over one call that is not replayed from a graph.
 Writes DIR/bench.json, DIR/bench.md and DIR/bench.png; the last line of stdout is a JSON summary;
 the exit code is 1 when a row failed.
 """
@@ -41,8 +41,10 @@ import torch
 from ..core import cli
 from ..core.checkpoint import load_model
 from ..core.config import PRESETS
+from ..core.fast import REFERENCE, Recipe, fast_recipe
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..core.model import DepthPack, create_model
+from ..core.packing import run_chunked
 from ..core.preprocess import parse_frame_size
 from ..runtime.graphs import capture, percentile, time_calls
 from ..runtime.predictor import Predictor, compile_counter
@@ -50,90 +52,62 @@ from ..runtime.predictor import Predictor, compile_counter
 
 @dataclass(frozen=True)
 class Row:
-    """One configuration of the ladder: a Predictor's switches (or the DAv2 comparison)."""
+    """One configuration: a Predictor's recipe (packed rows), or a baseline called from the model."""
     name: str
     path: str = "packed"  # packed | masked | dense | dav2
-    backend: str = "eager"  # Predictor backend (dav2: eager | graph | compile+graph)
-    compile_mode: str | None = None
-    switches: tuple = ()  # the model's fast paths, (name, value) pairs (depthpack.core.model.SWITCHES)
-    compile_options: tuple = ()  # Inductor settings, (name, value) pairs
-    base: str | None = None  # the row this one adds a switch to
+    recipe: Recipe | None = REFERENCE  # packed rows; None: the fast recipe of the device and batch
+    graph: bool = False  # masked, dense and dav2 rows: replayed from a CUDA graph
+    compile: bool = False  # dav2 rows: torch.compile
+    base: str | None = None  # the row this one adds a step to
     switch: str = ""  # what it adds, in words
-    default: bool = True  # in the default GPU sweep
+    default: bool = True  # in the default sweep
     input: str = "device"  # device: float images already on the device | frames: uint8 BGR camera frames on the host
 
     @property
     def cuda_only(self) -> bool:
-        return self.backend in ("graph", "compile+graph")
+        return self.graph or (self.recipe is not None and self.recipe.graph)
 
 
-def step(prev: Row, name: str, switch: str, default: bool = True, switches: tuple = (), compile_options: tuple = (),
-         **changes) -> Row:
-    """prev plus one switch (model switches and Inductor options add to prev's)."""
-    return replace(prev, name=name, base=prev.name, switch=switch, default=default,
-                   switches=prev.switches + switches, compile_options=prev.compile_options + compile_options, **changes)
+def step(prev: Row, name: str, switch: str, default: bool = True, **changes) -> Row:
+    return replace(prev, name=name, base=prev.name, switch=switch, default=default, **changes)
 
 
-MASKED_EAGER = Row("masked-eager", path="masked", switch="baseline: every token, keys masked to the selection")
-DENSE_EAGER = Row("dense-eager", path="dense", switch="every token, no mask")
-PACKED_EAGER = Row("packed-eager", switch="the packed buffer: cls + anchors + selected patches")
-PACKED_GRAPH = step(PACKED_EAGER, "packed-graph", "CUDA graph", backend="graph")
-PACKED_CG = step(PACKED_GRAPH, "packed-compile+graph", "torch.compile (Inductor)", backend="compile+graph")
-DAV2_EAGER = Row("dav2-eager", path="dav2", switch="Depth Anything V2 Small (ViT-S + DPT), a full map")
+def _kernel_steps(base: Row) -> tuple[Row, ...]:
+    """compile+graph plus, one at a time, each kernel of the fast recipe (its B1 form)."""
+    fast = fast_recipe("cuda", 1)
+    rows, prev = [], base
+    for name, what, change in (("count-selection", "token selection by counting instead of topk", {"selection": "count"}),
+                               ("gelu-epilogue", "fc1 + bias + GELU in one cuBLASLt GEMM", {"gelu_epilogue": True}),
+                               ("combo-kernels", "Inductor combo kernels (horizontal fusion)", {"inductor": fast.inductor}),
+                               ("hybrid-blocks", "attention+proj+residual and fc2+residual as 2 Triton kernels a block",
+                                {"blocks": "hybrid"})):
+        prev = step(prev, f"+{name}", what, default=False, recipe=replace(prev.recipe, **change))
+        rows.append(prev)
+    return tuple(rows)
+
+
+FAST = Row("fast", recipe=None, switch="the default Predictor: the fast recipe for this device and batch")
+MASKED = Row("masked-eager", path="masked", switch="baseline: every token, keys masked to the selection")
+DENSE = Row("dense-eager", path="dense", switch="every token, no mask")
+PACKED = Row("packed-eager", switch="the packed buffer: cls + anchors + selected patches")
+PACKED_GRAPH = step(PACKED, "packed-graph", "CUDA graph", recipe=Recipe(graph=True))
+PACKED_CG = step(PACKED_GRAPH, "packed-compile+graph", "torch.compile (Inductor)", recipe=Recipe(compile=True, graph=True))
+DAV2 = Row("dav2-eager", path="dav2", recipe=None, switch="Depth Anything V2 Small (ViT-S + DPT), a full map")
 LADDER: tuple[Row, ...] = (
-    MASKED_EAGER,
-    step(MASKED_EAGER, "masked-graph", "CUDA graph", backend="graph"),
-    DENSE_EAGER,
-    step(DENSE_EAGER, "dense-graph", "CUDA graph", backend="graph"),
-    PACKED_EAGER,
-    step(PACKED_EAGER, "packed-compile", "torch.compile (Inductor)", backend="compile"),
-    PACKED_GRAPH,
-    PACKED_CG,
-    step(PACKED_CG, "packed-reduce-overhead", "Inductor's own cudagraph trees instead of ours",
-         default=False, compile_mode="reduce-overhead"),
-    step(PACKED_CG, "packed-autotune+graph", "max-autotune (Triton GEMM templates, fused epilogues)",
-         default=False, compile_mode="max-autotune-no-cudagraphs"),
-    step(PACKED_GRAPH, "packed-graph+kernel", "Triton gather+embed kernel", switches=(("fused_embed", True),)),
-    step(PACKED_CG, "packed-compile+graph+kernel", "Triton gather+embed kernel", default=False,
-         switches=(("fused_embed", True),)),
-    step(PACKED_CG, "packed-compile+graph@frames", "camera frames from the host (uint8 BGR, preprocessed in the graph)",
-         input="frames"),
-    DAV2_EAGER,
-    step(DAV2_EAGER, "dav2-graph", "CUDA graph", backend="graph"),
-    step(DAV2_EAGER, "dav2-compile+graph", "torch.compile + CUDA graph", backend="compile+graph"),
+    FAST,
+    step(FAST, "fast@frames", "camera frames from the host (uint8 BGR, preprocessed in the graph)", input="frames"),
+    MASKED, step(MASKED, "masked-graph", "CUDA graph", graph=True),
+    DENSE, step(DENSE, "dense-graph", "CUDA graph", graph=True),
+    PACKED, PACKED_GRAPH, PACKED_CG, *_kernel_steps(PACKED_CG),
+    DAV2, step(DAV2, "dav2-graph", "CUDA graph", graph=True),
+    step(DAV2, "dav2-compile+graph", "torch.compile + CUDA graph", graph=True, compile=True),
 )
-# the fewer-kernels levers, each the previous plus one switch (opt-in: --rows levers)
-_L1 = step(PACKED_CG, "lever-count-selection", "token selection by counting instead of topk", default=False,
-           switches=(("selection", "count"),))
-_L2 = step(_L1, "lever-mlp-epilogue", "fc1 + bias + GELU in one cuBLASLt GEMM", default=False,
-           switches=(("mlp_epilogue", True),))
-_L3 = step(_L2, "lever-combo-kernels", "Inductor combo kernels (horizontal fusion)", default=False,
-           compile_options=(("combo_kernels", True),))
-_L4 = step(_L3, "lever-coordinate-descent", "Inductor coordinate-descent tuning", default=False,
-           compile_options=(("coordinate_descent_tuning", True),))
-_L5 = step(_L4, "lever-pdl", "programmatic dependent launch (Hopper only)", default=False,
-           compile_options=(("triton.enable_pdl", True),))
-_L6 = step(_L1, "lever-fused-blocks", "each ViT block as 4 Triton kernels (LN+QKV, attention+proj, LN+fc1+GELU, fc2+residual)",
-           default=False, switches=(("fused_blocks", True),))
-_L7 = step(_L6, "lever-fused-blocks+embed", "Triton gather+embed kernel", default=False,
-           switches=(("fused_embed", True),))
-_L8 = step(_L7, "lever-fused-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
-           compile_options=(("combo_kernels", True),))
-_L9 = step(_L2, "lever-hybrid-blocks", "attention+proj+residual and fc2+residual as 2 Triton kernels a block, "
-           "LayerNorms, QKV and fc1 left to Inductor and cuBLAS", default=False, switches=(("fused_blocks", "hybrid"),))
-_L10 = step(_L9, "lever-hybrid-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
-            compile_options=(("combo_kernels", True),))
-_L11 = step(_L1, "lever-persistent-blocks", "each ViT block as one persistent Triton kernel (the four as phases, "
-            "grid barriers between them)", default=False, switches=(("fused_blocks", "persistent"),))
-_L12 = step(_L11, "lever-persistent-blocks+combo", "Inductor combo kernels (horizontal fusion)", default=False,
-            compile_options=(("combo_kernels", True),))
-LEVERS = (_L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10, _L11, _L12)
-LADDER = LADDER + LEVERS
 ROWS = {r.name: r for r in LADDER}
-GROUPS = {"levers": ("packed-compile+graph",) + tuple(r.name for r in LEVERS)}
+GROUPS = {"kernels": ("packed-compile+graph",) + tuple(r.name for r in _kernel_steps(PACKED_CG)) + ("fast",)}
 DEFAULT_GPU_ROWS = tuple(r.name for r in LADDER if r.default)
-# on a CPU: the eager rows (no CUDA graphs; Inductor on 2 cores compiles slowly: compile rows on request)
-DEFAULT_CPU_ROWS = tuple(r.name for r in LADDER if r.default and r.backend == "eager")
+# on a CPU: the rows without CUDA graphs or Inductor's compile (the fast recipe there is the eager reference)
+DEFAULT_CPU_ROWS = tuple(r.name for r in LADDER if r.default and not r.cuda_only and r.path != "dav2"
+                         and (r.recipe is None or not r.recipe.compile))
 
 
 # ---- measurements ---------------------------------------------------------------------------------
@@ -203,14 +177,14 @@ def dav2_small(image_size: tuple[int, int]):
     return DepthAnythingForDepthEstimation(cfg).eval()
 
 
-def dav2_forward(model, mean, std, compile_mode=None, compiled: bool = False):
+def dav2_forward(model, mean, std, compiled: bool = False):
     """images [B,3,H,W] 0..1, points [B,Q,2] -> depth map sampled at the points' pixels [B,Q]."""
     def depth_map(images):
         x = ((images - mean) / std).to(next(model.parameters()).dtype)
         return model(pixel_values=x).predicted_depth  # [B,h,w]
 
     if compiled:
-        depth_map = torch.compile(depth_map, dynamic=False, mode=compile_mode)
+        depth_map = torch.compile(depth_map, dynamic=False)
 
     def fwd(images, points):
         depth = depth_map(images)
@@ -222,6 +196,19 @@ def dav2_forward(model, mean, std, compile_mode=None, compiled: bool = False):
 
 
 # ---- building rows ----------------------------------------------------------------------------------
+def replayed(fn: Callable, images: torch.Tensor, points: torch.Tensor, pool) -> tuple[Callable, object]:
+    """fn(images, points) captured in a CUDA graph over static copies of the inputs; (run, graph)."""
+    static = [images.clone(), points.clone()]
+    graph, out = capture(lambda: fn(*static), pool=pool, device=images.device)
+
+    def run(im, pts):
+        static[0].copy_(im, non_blocking=True)
+        static[1].copy_(pts, non_blocking=True)
+        graph.replay()
+        return out
+    return run, graph
+
+
 class Rows:
     """The functions of every row for one (model, dtype, batch): predictors are made once and reused for
     every query count (buckets warmed as they are first needed)."""
@@ -229,60 +216,55 @@ class Rows:
     def __init__(self, model: DepthPack, device, dtype, batch: int, args):
         self.model, self.device, self.dtype, self.B, self.args = model, device, dtype, batch, args
         self.preds: dict[tuple, Predictor] = {}
-        self.dav2: dict[str, Callable] = {}
+        self.plain = model.deployed(REFERENCE, device, dtype)  # the masked and dense baselines, and every FLOP count
+        self.dav2: DepthPack | None = None
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.compile_s: dict[str, float] = {}
         self.keep: list = []  # every graph of the shared pool stays alive
 
-    def predictor(self, row: Row, Q: int) -> Predictor:
-        # the dense path's cost does not depend on the bucket: one "bucket" of Q, no chunking
-        buckets = (Q,) if row.path == "dense" else None
-        key = (row.path, row.backend, row.compile_mode, row.switches, row.compile_options, buckets, row.input)
+    def predictor(self, row: Row) -> Predictor:
+        key = (row.recipe, row.input)
         if key not in self.preds:
-            self.preds[key] = Predictor(self.model, device=self.device, dtype=self.dtype, backend=row.backend,
-                                        path=row.path, batch_size=self.B, compile_mode=row.compile_mode,
-                                        validate=row.input == "frames", switches=dict(row.switches),
-                                        compile_options=dict(row.compile_options), cache_dir=self.args.cache_dir,
-                                        buckets=buckets, color="bgr")
+            self.preds[key] = Predictor(self.model, device=self.device, dtype=self.dtype,
+                                        fast=True if row.recipe is None else row.recipe, batch_size=self.B,
+                                        validate=row.input == "frames", cache_dir=self.args.cache_dir, color="bgr")
         return self.preds[key]
 
     def build(self, row: Row, Q: int, images, points) -> tuple[Callable, Callable, Callable]:
         """(timed, profiled, flop-counted) functions of (images, points); warmup time into compile_s."""
-        if row.path == "dav2":
-            return self._dav2(row, Q, images, points)
-        pred = self.predictor(row, Q)
-        if pred.backend != "eager":
-            buckets = sorted({pred.bucket_for(min(Q, pred.buckets[-1]))} | ({pred.buckets[-1]} if Q > pred.buckets[-1] else set()))
-            t0 = time.perf_counter()
-            frame_size = tuple(images.shape[1:3]) if row.input == "frames" else None
-            pred.warmup(batch_size=self.B, buckets=buckets, frame_size=frame_size)
-            self.compile_s[f"{row.name}@{Q}"] = time.perf_counter() - t0
-        eager = self.predictor(replace(row, backend="eager", compile_mode=None, compile_options=()), Q)
-        return pred.predict, pred.predict_uncaptured, eager.predict
-
-    def _dav2(self, row: Row, Q: int, images, points):
-        if "model" not in self.dav2:
-            self.dav2["model"] = dav2_small(self.model.cfg.img_size).to(self.device, self.dtype)
-        mean = torch.tensor(self.model.cfg.mean, device=self.device).view(1, 3, 1, 1)
-        std = torch.tensor(self.model.cfg.std, device=self.device).view(1, 3, 1, 1)
-        base = dav2_forward(self.dav2["model"], mean, std)
-        if row.backend == "eager":
-            return base, base, base
         t0 = time.perf_counter()
-        fwd = dav2_forward(self.dav2["model"], mean, std, self.args.compile_mode, compiled=True) \
-            if row.backend == "compile+graph" else base
-        static = [images.clone(), points.clone()]
-        graph, out = capture(lambda: fwd(*static), pool=self.pool, device=self.device)
-        self.keep.append(graph)
-
-        def run(im, pts):
-            static[0].copy_(im, non_blocking=True)
-            static[1].copy_(pts, non_blocking=True)
-            graph.replay()
-            return out
-        torch.cuda.synchronize(self.device)
+        if row.path == "packed":
+            pred = self.predictor(row)
+            frame_size = tuple(images.shape[1:3]) if row.input == "frames" else None
+            k = pred.bucket_for(min(Q, pred.buckets[-1]))
+            pred.warmup(batch_size=self.B, buckets=sorted({k, pred.buckets[-1]} if Q > pred.buckets[-1] else {k}),
+                        frame_size=frame_size)
+            fn, prof = pred.predict, pred.predict_uncaptured
+            plain = lambda im, pts: run_chunked(self.plain.forward_packed, im, pts, self.plain.cfg.buckets)  # noqa: E731
+            flop = (lambda im, pts: Predictor(self.plain, self.device, fast=False, color="bgr").predict(im, pts)) \
+                if row.input == "frames" else plain
+        else:
+            flop = prof = self._baseline(row)
+            fn = prof
+            if row.graph:
+                fn, graph = replayed(prof, images, points, self.pool)
+                self.keep.append(graph)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.compile_s[f"{row.name}@{Q}"] = time.perf_counter() - t0
-        return run, fwd, base
+        return fn, prof, flop
+
+    def _baseline(self, row: Row) -> Callable:
+        m = self.plain
+        if row.path == "masked":
+            return lambda im, pts: run_chunked(m.forward_masked_core, im, pts, m.cfg.buckets)
+        if row.path == "dense":
+            return lambda im, pts: m.forward_dense_core(im, pts)
+        if self.dav2 is None:
+            self.dav2 = dav2_small(m.cfg.img_size).to(self.device, self.dtype)
+        mean = torch.tensor(m.cfg.mean, device=self.device).view(1, 3, 1, 1)
+        std = torch.tensor(m.cfg.std, device=self.device).view(1, 3, 1, 1)
+        return dav2_forward(self.dav2, mean, std, compiled=row.compile)
 
 
 def measure_row(rb: Rows, row: Row, Q: int, sets, device, args) -> dict:
@@ -292,19 +274,19 @@ def measure_row(rb: Rows, row: Row, Q: int, sets, device, args) -> dict:
         call = lambda i: fn(*sets[i])  # noqa: E731
         flops = count_flops(lambda: flop_fn(*sets[0]))
         kernels = count_kernels(lambda: prof_fn(*sets[0]), device)
-        # a discarded back-to-back spell first: an idle GPU's clocks start low (345 MHz on the H200), which
-        # inflated the first row of a run by 20% before
+        # a discarded back-to-back spell first: an idle GPU's clocks start low, which inflates a first row
         time_calls(call, device, args.sets, min(0.25, args.seconds), sync_each=False)
         reps = [time_calls(call, device, args.sets, args.seconds) for _ in range(args.repeats)]
         b2b = time_calls(call, device, args.sets, args.seconds, sync_each=False) if device.type == "cuda" else None
     meds = [statistics.median(r) for r in reps]
     allt = [t for r in reps for t in r]
     med = statistics.median(allt)
+    recipe = rb.predictor(row).recipe.describe() if row.path == "packed" else None
     return dict(preset=rb.model.cfg_name, dtype=str(rb.dtype).replace("torch.", ""), batch=rb.B, queries=Q,
-                row=row.name, base=row.base, switch=row.switch, median_ms=med, p90_ms=percentile(allt, 0.9),
-                back_to_back_ms=statistics.median(b2b) if b2b else None, calls=len(allt), repeat_medians_ms=meds,
-                spread=(max(meds) - min(meds)) / min(meds), kernels=kernels, gflop=flops / 1e9,
-                tflops=flops / (med * 1e-3) / 1e12)
+                row=row.name, base=row.base, switch=row.switch, recipe=recipe, median_ms=med,
+                p90_ms=percentile(allt, 0.9), back_to_back_ms=statistics.median(b2b) if b2b else None, calls=len(allt),
+                repeat_medians_ms=meds, spread=(max(meds) - min(meds)) / min(meds), kernels=kernels,
+                gflop=flops / 1e9, tflops=flops / (med * 1e-3) / 1e12)
 
 
 def make_model(preset: str, checkpoint: str | None) -> DepthPack:
@@ -318,7 +300,7 @@ def make_model(preset: str, checkpoint: str | None) -> DepthPack:
 
 
 def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], rows: list[Row], device, args,
-              progress, done=frozenset()) -> list[dict]:
+              progress) -> list[dict]:
     model = make_model(preset, args.checkpoint)
     H, W = model.cfg.img_size
     rb = Rows(model, device, dtype, batch, args)
@@ -335,9 +317,9 @@ def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], r
                                (torch.rand(batch, Q, 2, generator=g) * torch.tensor([fw - 1e-3, fh - 1e-3])).numpy())
                               for _ in range(args.sets)]
         for row in rows:
-            if (row.path == "dav2" and (H % 14 or W % 14)) or (preset, dt, batch, Q, row.name) in done:
+            if row.path == "dav2" and (H % 14 or W % 14):
                 progress.update(1)
-                continue  # DAv2 needs multiples of its patch size 14; rows merged from an earlier run
+                continue  # DAv2 needs multiples of its patch size 14
             progress.set_description(f"{preset} {dt} B={batch} Q={Q} {row.name}")
             try:
                 results.append(measure_row(rb, row, Q, sets, device, args))
@@ -355,12 +337,11 @@ def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], r
 
 # ---- compile time: cold and warm processes ---------------------------------------------------------
 def child_warmup(args) -> None:
-    """In a fresh process: warm every bucket of a compile+graph predictor from cache_dir; print JSON."""
+    """In a fresh process: warm every bucket of the default Predictor from cache_dir; print JSON."""
     t0 = time.perf_counter()
     model = create_model(args.preset[0]).eval()
     pred = Predictor(model, device=torch.device(args.device), dtype=getattr(torch, args.dtype[0]),
-                     backend="compile+graph", batch_size=args.batch[0], compile_mode=args.compile_mode,
-                     cache_dir=args.cache_dir)
+                     batch_size=args.batch[0], cache_dir=args.cache_dir)
     times = pred.warmup()
     print(json.dumps(dict(per_bucket_s={str(k): round(v, 2) for k, v in sorted(times.items())},
                           total_s=round(time.perf_counter() - t0, 2), graphs_compiled=compile_counter())))
@@ -377,45 +358,39 @@ def compile_times(args, device) -> dict:
             cmd = [sys.executable, "-m", "depthpack.bench", "--child-warmup", "--preset", args.preset[0],
                    "--device", str(device), "--dtype", args.dtype[0], "--batch", str(args.batch[0]),
                    "--cache-dir", cache]
-            if args.compile_mode:
-                cmd += ["--compile-mode", args.compile_mode]
             env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             try:
                 out[phase] = json.loads(p.stdout.strip().splitlines()[-1])
             except (IndexError, json.JSONDecodeError):
                 out[phase] = dict(error=(p.stderr or p.stdout)[-2000:])
-    out.update(preset=args.preset[0], dtype=args.dtype[0], batch=args.batch[0], backend="compile+graph",
-               mode=args.compile_mode or "default")
+    out.update(preset=args.preset[0], dtype=args.dtype[0], batch=args.batch[0], predictor="default (fast recipe)")
     return out
 
 
 # ---- outputs ----------------------------------------------------------------------------------------
-def targets(results: list[dict]) -> dict:
-    """The H200 targets (vits, bf16), evaluated on whatever rows this run has (latency = call + sync)."""
-    def get(b, q, row):
-        return next((r for r in results if r["preset"] == "vits" and r["dtype"] == "bfloat16" and r["batch"] == b
-                     and r["queries"] == q and r["row"] == row and "error" not in r), None)
-    t = {}
-    cg = get(1, 256, "packed-compile+graph")
-    if cg:
-        t["b1_q256_compile_graph_ms"] = dict(value=cg["median_ms"], target="<= 0.30", met=cg["median_ms"] <= 0.30)
-        if cg.get("x_masked_eager"):
-            t["b1_q256_speedup_over_masked_eager"] = dict(value=cg["x_masked_eager"], target=">= 8",
-                                                          met=cg["x_masked_eager"] >= 8)
-    cg8 = get(8, 512, "packed-compile+graph")
-    if cg8:
-        t["b8_q512_compile_graph_ms"] = dict(value=cg8["median_ms"], target="<= 0.9", met=cg8["median_ms"] <= 0.9)
-    pg, mg = get(8, 512, "packed-graph"), get(8, 512, "masked-graph")
-    if pg and mg:
-        eff = (mg["median_ms"] / pg["median_ms"]) / (mg["gflop"] / pg["gflop"])
-        t["b8_q512_graph_speedup_over_flop_ratio"] = dict(value=eff, speedup=mg["median_ms"] / pg["median_ms"],
-                                                          flop_ratio=mg["gflop"] / pg["gflop"], target=">= 0.8",
-                                                          met=eff >= 0.8)
-    spreads = [r["spread"] for r in results if "error" not in r and ROWS.get(r["row"], Row("?")).cuda_only]
-    if spreads:
-        t["graph_run_to_run_spread_max"] = dict(value=max(spreads), target="< 0.05", met=max(spreads) < 0.05)
-    return t
+def summary_checks(results: list[dict]) -> dict:
+    """Per (preset, dtype, B, Q, input): the default Predictor (fast) against the best packed row, and the
+    packed path's speedup over masked divided by its FLOP cut (1.0: every FLOP cut shows on the clock)."""
+    ok = [r for r in results if "error" not in r]
+    out = {}
+    for r in ok:
+        if not r["row"].startswith("fast"):
+            continue
+        frames = r["row"].endswith("@frames")
+        same = [x for x in ok if (x["preset"], x["dtype"], x["batch"], x["queries"]) ==
+                (r["preset"], r["dtype"], r["batch"], r["queries"]) and ROWS.get(x["row"], FAST).path == "packed"
+                and x["row"].endswith("@frames") == frames]
+        best = min(same, key=lambda x: x["median_ms"])
+        key = f"{r['preset']} {r['dtype']} B{r['batch']} Q{r['queries']}" + (" @frames" if frames else "")
+        out[key] = dict(default_ms=r["median_ms"], best_row=best["row"], best_ms=best["median_ms"],
+                        default_over_best=r["median_ms"] / best["median_ms"])
+        masked = next((x for x in ok if x["row"] == "masked-graph" and (x["preset"], x["dtype"], x["batch"], x["queries"])
+                       == (r["preset"], r["dtype"], r["batch"], r["queries"])), None)
+        if masked and not frames:
+            out[key]["flop_realization_vs_masked_graph"] = ((masked["median_ms"] / r["median_ms"])
+                                                            / (masked["gflop"] / r["gflop"]))
+    return out
 
 
 def add_speedups(results: list[dict]) -> None:
@@ -428,11 +403,10 @@ def add_speedups(results: list[dict]) -> None:
             r[f"x_{base.replace('-', '_')}"] = ref["median_ms"] / r["median_ms"] if ref else None
 
 
-def markdown(results: list[dict], info: dict, comp: dict | None, tgt: dict) -> str:
+def markdown(results: list[dict], info: dict, comp: dict | None, checks: dict) -> str:
     lines = [f"# depthpack latency ({info.get('gpu', 'CPU')})", "",
-             f"torch {info['torch']}, commit {info.get('commit')}, device {info['device']}"
-             + (f", clocks {info.get('nvidia_smi')}" if info.get("nvidia_smi") else ""), ""]
-    head = ("| preset | dtype | B | Q | row | + switch (over row) | median ms | p90 ms | back-to-back ms | spread "
+             f"torch {info['torch']}, commit {info.get('commit')}, device {info['device']}", ""]
+    head = ("| preset | dtype | B | Q | row | + step (over row) | median ms | p90 ms | back-to-back ms | spread "
             "| kernels | GFLOP | x masked eager | x masked graph | warmup s |")
     lines += [head, "|" + "---|" * 15]
     f = lambda v, d=3: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
@@ -446,12 +420,14 @@ def markdown(results: list[dict], info: dict, comp: dict | None, tgt: dict) -> s
                      f"| {f(r['median_ms'])} | {f(r['p90_ms'])} | {f(r.get('back_to_back_ms'))} "
                      f"| {100 * r['spread']:.1f}% | {f(r['kernels'])} | {f(r['gflop'], 2)} "
                      f"| {f(r.get('x_masked_eager'), 2)} | {f(r.get('x_masked_graph'), 2)} | {f(r.get('compile_s'), 1)} |")
-    if tgt:
-        lines += ["", "## Targets", "", "| target | value | goal | met |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['value']:.3f} | {v['target']} | {'yes' if v['met'] else 'NO'} |" for k, v in tgt.items()]
+    if checks:
+        lines += ["", "## The default against the best row", "", "| point | default ms | best row | best ms | default / best "
+                  "| FLOP realization vs masked-graph |", "|---|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['default_ms']:.3f} | {v['best_row']} | {v['best_ms']:.3f} | {v['default_over_best']:.3f} "
+                  f"| {f(v.get('flop_realization_vs_masked_graph'))} |" for k, v in checks.items()]
     if comp:
-        lines += ["", f"## Compile time per bucket ({comp['backend']}, mode {comp['mode']}, {comp['preset']} "
-                  f"{comp['dtype']} batch {comp['batch']})", "", "| bucket | cold s | warm s |", "|---|---|---|"]
+        lines += ["", f"## Compile time per bucket ({comp['predictor']}, {comp['preset']} {comp['dtype']} batch "
+                  f"{comp['batch']})", "", "| bucket | cold s | warm s |", "|---|---|---|"]
         cold, warm = comp.get("cold", {}).get("per_bucket_s", {}), comp.get("warm", {}).get("per_bucket_s", {})
         for k in sorted(set(cold) | set(warm), key=int):
             lines.append(f"| {k} | {cold.get(k, '')} | {warm.get(k, '')} |")
@@ -465,18 +441,18 @@ def markdown(results: list[dict], info: dict, comp: dict | None, tgt: dict) -> s
 
 
 def write_outputs(out: Path, info: dict, args, results: list[dict], comp: dict | None) -> tuple[str, dict]:
-    """bench.json, bench.md and bench.png in out (each atomically); returns (markdown, targets)."""
+    """bench.json, bench.md and bench.png in out (each atomically); returns (markdown, checks)."""
     order = {r.name: i for i, r in enumerate(LADDER)}
     results.sort(key=lambda r: (r["preset"], r["dtype"], r["batch"], r["queries"], order.get(r["row"], 99)))
     add_speedups(results)
-    tgt = targets(results)
-    report = dict(info=info, args={k: v for k, v in vars(args).items()}, results=results, targets=tgt,
+    checks = summary_checks(results)
+    report = dict(info=info, args={k: v for k, v in vars(args).items()}, results=results, checks=checks,
                   compile_time=comp)
     atomic_write_json(out / "bench.json", report, sort_keys=False)
-    md = markdown(results, info, comp, tgt)
+    md = markdown(results, info, comp, checks)
     atomic_write_text(out / "bench.md", md)
     plot(results, out / "bench.png")
-    return md, tgt
+    return md, checks
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -569,16 +545,10 @@ def parse_args(argv=None):
     ap.add_argument("--seconds", type=_positive(float), default=0.5, help="about how long each repeat of a row runs")
     ap.add_argument("--repeats", type=_positive(int), default=3, help="repeats of each row's measurement (spread)")
     ap.add_argument("--sets", type=_positive(int), default=4, help="input sets rotated among the calls")
-    ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default Inductor's; max-autotune opt-in)")
     ap.add_argument("--frame-size", type=parse_frame_size, default=(480, 640), metavar="WxH",
                     help="camera frames of the @frames rows (default 640x480)")
     ap.add_argument("--cache-dir", default=None, help="compile cache folder (Inductor + save_cache_artifacts)")
     ap.add_argument("--compile-time", action="store_true", help="also measure cold and warm compile per bucket")
-    ap.add_argument("--merge-from", action="append", help="folder of an earlier bench.json whose rows to include")
-    ap.add_argument("--predict", choices=("jetson-orin",), default=None,
-                    help="no measurement: predict the Jetson Orins' latency from the per-kernel model calibrated "
-                         "on the H200 (depthpack.bench.orin; --profile FILE calibrates on a measured profile)")
-    ap.add_argument("--profile", action="append", default=[], metavar="FILE", help="with --predict: profile.json")
     ap.add_argument("--child-warmup", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.checkpoint:
@@ -605,12 +575,12 @@ def parse_args(argv=None):
     if args.pairs and (args.batch or args.queries):
         ap.error("--pairs names the (batch, queries) points itself: leave out --batch and --queries")
     args.batch = args.batch or ([1, 8] if cuda else [1])
-    args.queries = args.queries or ([16, 64, 256, 1024, 4096] if cuda else [16, 64, 256])
+    args.queries = args.queries or ([16, 64, 256, 1024] if cuda else [16, 64, 256])
     # the (batch, [queries]) groups to measure, each one model and Rows set
     args.groups = ([(b, [q for bb, q in args.pairs if bb == b]) for b in dict.fromkeys(b for b, _ in args.pairs)]
                    if args.pairs else [(b, list(args.queries)) for b in args.batch])
     rows = args.rows or list(DEFAULT_GPU_ROWS if cuda else DEFAULT_CPU_ROWS)
-    rows = [] if rows == ["none"] else rows  # --rows none: only --compile-time / --merge-from
+    rows = [] if rows == ["none"] else rows  # --rows none: only --compile-time
     rows = [name for r in rows for name in GROUPS.get(r, (r,))]
     bad = [r for r in rows if r not in ROWS]
     if bad:
@@ -624,13 +594,10 @@ def parse_args(argv=None):
         if args.rows:
             ap.error("the dav2 rows need the transformers package")
         rows = [r for r in rows if ROWS[r].path != "dav2"]
-    if not rows and not (args.compile_time or args.merge_from):
-        ap.error("no row to measure (--rows none, or every row needs what this machine lacks) and nothing to "
-                 "merge or time: an empty table is no benchmark; add rows, --compile-time or --merge-from")
+    if not rows and not args.compile_time:
+        ap.error("no row to measure (--rows none, or every row needs what this machine lacks) and no compile "
+                 "time asked for: an empty table is no benchmark; add rows or --compile-time")
     args.rows = rows
-    for other in args.merge_from or []:
-        if not (Path(other) / "bench.json").is_file():
-            ap.error(f"--merge-from {other}: no bench.json there")
     return args
 
 
@@ -642,10 +609,6 @@ def _have(mod: str) -> bool:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.predict:
-        from . import orin
-        return orin.main(["--out", str(check_writable_dir(args.out, "--out"))]
-                         + [a for f in args.profile for a in ("--profile", f)])
     if args.child_warmup:
         child_warmup(args)
         return {}
@@ -657,29 +620,25 @@ def main(argv=None) -> dict:
         make_model(args.preset[0], args.checkpoint)  # a corrupt checkpoint is refused before anything runs
     info = gpu_info(device)
     comp = compile_times(args, device) if args.compile_time else None
-    results = []
-    for other in args.merge_from or []:  # rows measured by an earlier run (ablation points, compile time)
-        earlier = json.loads((Path(other) / "bench.json").read_text())
-        results += earlier["results"]
-        comp = comp or earlier.get("compile_time")
-    done = {(r["preset"], r["dtype"], r["batch"], r["queries"], r["row"]) for r in results if "error" not in r}
+    results: list[dict] = []
     rows = [ROWS[r] for r in args.rows]
     total = len(args.preset) * len(args.dtype) * sum(len(qs) for _, qs in args.groups) * len(rows)
     with tqdm(total=total, file=sys.stderr) as bar:
         for preset in args.preset:
             for dt in args.dtype:
                 for b, queries in args.groups:
-                    results += run_group(preset, getattr(torch, dt), b, queries, rows, device, args, bar, done)
+                    results += run_group(preset, getattr(torch, dt), b, queries, rows, device, args, bar)
                     write_outputs(out, info, args, results, comp)  # partial results survive a kill
     if device.type == "cuda":
         info["clocks_after"] = gpu_info(device).get("nvidia_smi")
-    md, tgt = write_outputs(out, info, args, results, comp)
+    md, checks = write_outputs(out, info, args, results, comp)
     print(md)
     failed = [f"{r['row']}@B{r['batch']}Q{r['queries']}" for r in results if "error" in r]
-    summary = dict(out=str(out), rows=len(results), gpu=info.get("gpu"), targets={k: v["met"] for k, v in tgt.items()},
-                   failed=failed, **{f"{r['row']}@B{r['batch']}Q{r['queries']}": round(r["median_ms"], 4)
-                                     for r in results if "error" not in r})
+    summary = dict(out=str(out), rows=len(results), gpu=info.get("gpu"), failed=failed,
+                   default_over_best={k: round(v["default_over_best"], 4) for k, v in checks.items()},
+                   **{f"{r['row']}@B{r['batch']}Q{r['queries']}": round(r["median_ms"], 4)
+                      for r in results if "error" not in r})
     print(json.dumps(summary))
     if failed:
         raise SystemExit(1)
-    return dict(info=info, results=results, targets=tgt, compile_time=comp)
+    return dict(info=info, results=results, checks=checks, compile_time=comp)

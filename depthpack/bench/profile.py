@@ -1,10 +1,10 @@
-"""Where the time of one packed forward goes: torch.profiler over the (compiled) packed forward.
+"""Where the time of one packed forward goes: torch.profiler over the compiled packed forward.
 
     python -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 --out DIR
 
-For each backend (eager forward = what the `graph` backend captures; Inductor-compiled forward = what
-`compile+graph` captures), with the Triton gather+embed kernel off and on, it runs the un-graphed
-forward under torch.profiler and reports kernels per forward, GPU busy time per forward (sum of kernel
+For the default Predictor (the fast recipe) and the plain compiled forward (compile + graph without the
+recipe's kernels), it runs the un-graphed forward under torch.profiler and reports kernels per forward,
+GPU busy time per forward (sum of kernel
 durations) by category (GEMM, attention, Triton fused, selection/topk, elementwise, other) and the top
 kernels; then times the CUDA graph replay of the same forward. Busy time close to replay time means
 the kernels themselves are the cost (count x small-matrix inefficiency); a gap means bubbles between
@@ -22,16 +22,19 @@ from pathlib import Path
 
 import torch
 
+from ..core.fast import Recipe
 from ..core.model import create_model
 from ..runtime.predictor import Predictor
 
+RECIPES = {"fast": True, "compile+graph": Recipe(compile=True, graph=True)}  # the Predictor's fast= for each
+
 CATEGORIES = [  # first match wins
-    ("fused block (depthpack)", r"_ln_linear_kernel|_attn_proj_kernel|_fc2_res_kernel"),
+    ("hybrid block (depthpack)", r"_attn_proj_kernel|_fc2_res_kernel"),
     ("attention", r"flash|fmha|attention|sdpa"),
     ("conv (anchors)", r"convolve|conv2d|implicit_gemm"),
     ("gemm", r"gemm|cutlass|sm90|nvjet|cublas|matmul|\bmm\b|_mm_|splitk|xmma"),
     ("select/topk", r"topk|sort|radix|scatter|max_pool"),
-    ("triton fused", r"^triton_|patch_embed"),
+    ("triton fused", r"^triton_"),
     ("layernorm/elementwise", r"layer_norm|norm|elementwise|vectorized|reduce|gelu|add|mul|copy|cat|fill|gather|index"),
 ]
 
@@ -92,24 +95,20 @@ def host_split(fn, calls: int = 50) -> dict:
                 host_top=[dict(us_per_call=round(t, 2), per_call=round(c, 2), name=n[:100]) for t, c, n in rows[:14]])
 
 
-def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: bool = False,
-        fused_blocks: bool | str = False, mlp_epilogue: bool = False) -> dict:
-    """For the graph and compile+graph backends: the kernels of one un-replayed forward
-    (Predictor.predict_uncaptured) under the profiler, and the latency of the captured one."""
+def run(preset: str, dtype: torch.dtype, batch: int, queries: int, recipes=tuple(RECIPES)) -> dict:
+    """For each recipe: the kernels of one un-replayed forward (Predictor.predict_uncaptured) under the
+    profiler, the latency of the captured one, and the host side of a call."""
     from ..runtime.graphs import summarize, time_calls
 
-    report = dict(preset=preset, dtype=str(dtype).replace("torch.", ""), batch=batch, queries=queries,
-                  fused_embed=fused_embed, fused_blocks=fused_blocks, mlp_epilogue=mlp_epilogue, backends={})
+    report = dict(preset=preset, dtype=str(dtype).replace("torch.", ""), batch=batch, queries=queries, recipes={})
     torch.manual_seed(0)
     model = create_model(preset).eval()
     H, W = model.cfg.img_size
     g = torch.Generator().manual_seed(0)
     images = torch.rand(batch, 3, H, W, generator=g).cuda()
     points = (torch.rand(batch, queries, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).cuda()
-    for backend in ("graph", "compile+graph"):
-        pred = Predictor(model, device="cuda", dtype=dtype, backend=backend, batch_size=batch,
-                         switches={"fused_embed": fused_embed, "fused_blocks": fused_blocks,
-                                   "mlp_epilogue": mlp_epilogue}, validate=False)
+    for name in recipes:
+        pred = Predictor(model, device="cuda", dtype=dtype, fast=RECIPES[name], batch_size=batch, validate=False)
         bucket = pred.bucket_for(queries)
         pred.warmup(buckets=(bucket,))
         dev = torch.device("cuda")
@@ -119,17 +118,17 @@ def run(preset: str, dtype: torch.dtype, batch: int, queries: int, fused_embed: 
                                                 sync_each=False))
             prof = profile_forward(lambda: pred.predict_uncaptured(images, points))
             prof["host"] = host_split(lambda: pred.predict(images, points))
-        prof.update(bucket=bucket, graph_replay_ms=back_to_back["median_ms"], latency_ms=latency["median_ms"])
-        report["backends"][backend] = prof
+        prof.update(bucket=bucket, recipe=pred.recipe.describe(), graph_replay_ms=back_to_back["median_ms"],
+                    latency_ms=latency["median_ms"])
+        report["recipes"][name] = prof
     return report
 
 
 def markdown(report: dict) -> str:
     r = report
     lines = [f"# Profile of the packed forward ({r['preset']} {r['dtype']}, batch {r['batch']}, {r['queries']} "
-             f"queries, fused_embed={r['fused_embed']}, fused_blocks={r.get('fused_blocks', False)}, "
-             f"mlp_epilogue={r.get('mlp_epilogue', False)})", ""]
-    for name, p in r["backends"].items():
+             f"queries)", ""]
+    for name, p in r["recipes"].items():
         lines += [f"## {name} (bucket {p['bucket']})", "",
                   f"{p['kernels_per_call']:.0f} kernels per forward, GPU busy {p['busy_us_per_call']:.1f} us per "
                   f"forward under the profiler; predict with graph replay {1e3 * p['graph_replay_ms']:.1f} us "
@@ -146,39 +145,31 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description="profile the packed forward (CUDA)")
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m depthpack.bench.profile", description="profile the packed forward (CUDA)")
     ap.add_argument("--preset", default="vits")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--queries", type=int, default=256)
-    ap.add_argument("--fused-embed", choices=("off", "on", "both"), default="both",
-                    help="the Triton gather+embed kernel off, on, or a report of each")
-    ap.add_argument("--fused-blocks", choices=("off", "on", "hybrid", "persistent"), default="off",
-                    help="each ViT block as four Triton kernels, the hybrid's two, or one persistent kernel "
-                         "(the fused_blocks switch)")
-    ap.add_argument("--mlp-epilogue", choices=("off", "on"), default="off",
-                    help="fc1 + bias + GELU as one cuBLASLt GEMM (the mlp_epilogue switch)")
+    ap.add_argument("--recipes", default=",".join(RECIPES), help=f"comma list of {', '.join(RECIPES)}")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("depthpack.bench.profile needs a CUDA device")
-    variants = {"off": [False], "on": [True], "both": [False, True]}[args.fused_embed]
-    blocks = {"off": False, "on": True}.get(args.fused_blocks, args.fused_blocks)
-    reports = [run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, fused, blocks,
-                   args.mlp_epilogue == "on") for fused in variants]
+    recipes = [r for r in args.recipes.split(",") if r]
+    if not recipes or set(recipes) - set(RECIPES):
+        raise SystemExit(f"--recipes {args.recipes!r}: choose from {', '.join(RECIPES)}")
+    report = run(args.preset, getattr(torch, args.dtype), args.batch, args.queries, recipes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    md = "\n".join(markdown(r) for r in reports)
+    md = markdown(report)
     (out / "profile.md").write_text(md)
-    # one flat record per forward, the format depthpack.bench.orin --profile reads
-    flat = [dict(p, backend=name, preset=r["preset"], batch=r["batch"], dtype=r["dtype"], fused_embed=r["fused_embed"],
-                 fused_blocks=r["fused_blocks"], mlp_epilogue=r["mlp_epilogue"],
-                 device=torch.cuda.get_device_name()) for r in reports for name, p in r["backends"].items()]
+    flat = [dict(p, recipe_name=name, preset=report["preset"], batch=report["batch"], dtype=report["dtype"],
+                 device=torch.cuda.get_device_name()) for name, p in report["recipes"].items()]
     (out / "profile.json").write_text(json.dumps(flat, indent=1))
     print(md)
-    print(json.dumps(reports))
-    return reports
+    print(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":

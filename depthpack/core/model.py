@@ -20,8 +20,8 @@ cfg.focal_default. A model without canonical_focal ignores focal. The static cor
 """
 from __future__ import annotations
 
+import copy
 import math
-import types
 from pathlib import Path
 
 import torch
@@ -31,6 +31,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from .config import ModelConfig, model_config
+from .fast import REFERENCE, Recipe
 from .packing import key_mask_from_index, patch_of_points, run_chunked, select_tokens, spread_rank
 from .preprocess import focal_factor
 from .validation import check_focal, check_images, check_inputs
@@ -136,34 +137,22 @@ class DepthPack(nn.Module):
         self.register_buffer("spread_rank", spread_rank(gh, gw), persistent=False)
         self.register_buffer("spread_order", torch.argsort(self.spread_rank, descending=True), persistent=False)
         self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
-        self.fused_embed = False  # fast-path switches (SWITCHES, set_switches): all off by default
-        self.selection = "topk"
-        self.mlp_epilogue = False
-        self.fused_blocks = False
+        self.recipe = REFERENCE  # the kernels the forward runs (core.fast); deployed() sets another
 
-    # ---- fast-path switches -----------------------------------------------------------------------
-    def set_switches(self, **switches) -> "DepthPack":
-        """Turn fast paths on or off (SWITCHES); each equals the plain path within the dtype's tolerance."""
-        for name, value in switches.items():
-            if name not in SWITCHES or value not in SWITCHES[name]:
-                raise ValueError(f"unknown switch {name}={value!r}; choose from "
-                                 + ", ".join(f"{k} in {v}" for k, v in SWITCHES.items()))
-            if name == "fused_blocks" and value:  # blocks the kernels do not compute: refused here, not later
-                from ..kernels.vit_block import block_weights
-                if not isinstance(self.backbone.norm_pre, nn.Identity):
-                    raise ValueError("fused_blocks: the backbone's norm_pre must be Identity")
-                for blk in self.backbone.blocks:
-                    block_weights(blk)
-            setattr(self, name, value)
-        for blk in self.backbone.blocks:  # an instance attribute: the state dict keeps its keys
-            if self.mlp_epilogue:
-                blk.mlp.forward = types.MethodType(_mlp_with_gelu_epilogue, blk.mlp)
-            else:
-                blk.mlp.__dict__.pop("forward", None)
-        return self
-
-    def switches(self) -> dict:
-        return {name: getattr(self, name) for name in SWITCHES}
+    def deployed(self, recipe: Recipe, device=None, dtype: torch.dtype | None = None) -> "DepthPack":
+        """A copy in eval mode on device in dtype that runs recipe's kernels (the caller's model is left
+        as it was); a model the hybrid blocks cannot compute is a ValueError naming the part."""
+        if recipe.blocks == "hybrid":
+            from ..kernels.vit_block import block_weights
+            if not isinstance(self.backbone.norm_pre, nn.Identity):
+                raise ValueError("hybrid blocks: the backbone's norm_pre must be Identity")
+            for blk in self.backbone.blocks:
+                block_weights(blk)
+        model = copy.deepcopy(self).to(device=device)
+        if dtype is not None:
+            model = model.to(dtype)  # selection ranks and offset frequencies stay exact (integer buffers)
+        model.recipe = recipe
+        return model.eval()
 
     # ---- pieces ---------------------------------------------------------------------------------
     @property
@@ -195,9 +184,6 @@ class DepthPack(nn.Module):
         if index is None:
             index = torch.arange(gh * gw, device=x.device).expand(B, gh * gw)
         weight, bias = self.patch_linear()
-        if self.fused_embed:  # same computation in one Triton kernel; torch reference below
-            from ..kernels.patch_embed import fused_patch_embed
-            return fused_patch_embed(x, index, weight, bias, self.patch_pos(gh, gw)[0], p)
         patches = patchify(x, p)  # [B,N,3pp]
         picked = torch.gather(patches, 1, index.unsqueeze(-1).expand(-1, -1, C * p * p))  # [B,S,3pp]
         tok = F.linear(picked, weight, bias)
@@ -216,12 +202,7 @@ class DepthPack(nn.Module):
         if thumb.shape[-2:] != (side, side):
             thumb = F.interpolate(thumb, size=(side, side), mode="bilinear", align_corners=False)
         weight, bias = self.patch_linear()
-        if self.fused_embed:  # the same embedding through the Triton kernel
-            from ..kernels.patch_embed import fused_patch_embed
-            index = torch.arange(g * g, device=x.device).expand(B, g * g).contiguous()
-            return fused_patch_embed(thumb.contiguous(), index, weight, bias, self.anchor_pos[0], p)
-        # the patch-embedding conv as a matmul over the thumbnail's patches: the same function, as a
-        # plain GEMM (cuDNN picks a slow conv kernel for this shape: docs/bench/h200/profile.md)
+        # the patch-embedding conv as a GEMM over the thumbnail's patches (cuDNN's conv is slow at this shape)
         tok = F.linear(patchify(thumb, p), weight, bias)  # [B,A,D]
         return tok + self.anchor_pos
 
@@ -231,15 +212,14 @@ class DepthPack(nn.Module):
         return torch.cat([cls, self.anchors(x)], dim=1)
 
     def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens [B,S,D] -> [B,S,D]; timm's blocks as timm defines them (fused_blocks: as four Triton
-        # kernels each, "hybrid": two kernels and torch ops, "persistent": one launch each; inference
-        # without a mask; the blocks themselves are its reference)
-        if self.fused_blocks and attn_mask is None:
-            from ..kernels.vit_block import fused_blocks
-            return self.backbone.norm(fused_blocks(self.backbone.blocks, tokens, self.fused_blocks, self.mlp_epilogue))
+        # tokens [B,S,D] -> [B,S,D]: timm's blocks, or the recipe's hybrid blocks (inference without a mask)
+        r = self.recipe
+        if r.blocks == "hybrid" and attn_mask is None:
+            from ..kernels.vit_block import hybrid_blocks
+            return self.backbone.norm(hybrid_blocks(self.backbone.blocks, tokens, r.gelu_epilogue))
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
-            x = blk(x, attn_mask=attn_mask)
+            x = block_forward(blk, x, attn_mask, r.gelu_epilogue)
         return self.backbone.norm(x)
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
@@ -253,7 +233,7 @@ class DepthPack(nn.Module):
             rank, order = self.spread_rank, self.spread_order
         else:
             rank, order = spread_rank(*grid, device=images.device), None
-        return select_tokens(points, bucket, self.cfg.patch_size, grid, rank, self.selection, order)
+        return select_tokens(points, bucket, self.cfg.patch_size, grid, rank, self.recipe.selection, order)
 
     def focal_scale(self, images: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor | None:
         """f / canonical_focal per image [B] float32 (None: the model has no focal input).
@@ -356,24 +336,16 @@ class DepthPack(nn.Module):
         return depth.view(B, gh, p, gw, p).reshape(B, H, W)
 
 
-# fast-path switch -> its values (the first is the plain path, the reference)
-SWITCHES = {"fused_embed": (False, True),  # the Triton gather+embed kernel (depthpack.kernels), CUDA only
-            "selection": ("topk", "count"),  # token selection by a counting pass instead of torch.topk
-            "mlp_epilogue": (False, True),  # fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue
-            # each ViT block as four Triton kernels, or "hybrid": attention + projection + residual and
-            # fc2 + residual as two of them, LayerNorms, QKV and fc1 as torch ops, or "persistent": the four
-            # as phases of one launch with grid barriers (depthpack.kernels), CUDA only
-            "fused_blocks": (False, True, "hybrid", "persistent")}
-
-
-def _mlp_with_gelu_epilogue(mlp, x: torch.Tensor) -> torch.Tensor:
-    """timm's Mlp (fc1 -> GELU -> fc2) with fc1's bias and GELU in the GEMM's epilogue
-    (torch._addmm_activation: cuBLASLt on CUDA). Its GELU is the tanh approximation, within bf16
-    rounding of timm's exact one; off by default."""
-    shape = x.shape
-    h = torch._addmm_activation(mlp.fc1.bias, x.reshape(-1, shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
-    h = mlp.norm(mlp.drop1(h))
-    return mlp.drop2(mlp.fc2(h)).reshape(*shape[:-1], -1)
+def block_forward(blk, x: torch.Tensor, attn_mask: torch.Tensor | None = None, gelu_epilogue: bool = False) -> torch.Tensor:
+    """timm's Block, x [B,S,D] -> [B,S,D]; gelu_epilogue: fc1 + bias + GELU as one GEMM with cuBLASLt's
+    epilogue (torch._addmm_activation; its tanh GELU, within bf16 rounding of timm's exact one)."""
+    if not gelu_epilogue:
+        return blk(x, attn_mask=attn_mask)
+    x = x + blk.drop_path1(blk.ls1(blk.attn(blk.norm1(x), attn_mask=attn_mask)))
+    mlp, h = blk.mlp, blk.norm2(x)
+    h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
+    h = mlp.fc2(mlp.norm(mlp.drop1(h))).reshape(x.shape)
+    return x + blk.drop_path2(blk.ls2(mlp.drop2(h)))
 
 
 def load_backbone_weights(backbone: VisionTransformer, path: str | Path) -> None:

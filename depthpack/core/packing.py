@@ -100,9 +100,6 @@ def patch_of_points(points: torch.Tensor, patch_size: int, grid: tuple[int, int]
     return py * gw + px
 
 
-SELECTIONS = ("topk", "count")
-
-
 def select_tokens(points: torch.Tensor, bucket: int, patch_size: int, grid: tuple[int, int],
                   rank: torch.Tensor | None = None, method: str = "topk",
                   order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,14 +1,15 @@
 """Export: one AOTInductor package per bucket, a manifest, a reference file, ONNX, a self-check.
 
-    python export/export.py --preset tiny --out /tmp/dp_tiny --buckets 8,64 --onnx
-    python export/export.py --checkpoint runs/vits --out /tmp/dp_export_vits --device cuda --dtype bfloat16
+    python -m depthpack.export --preset tiny --out /tmp/dp_tiny --buckets 8,64 --onnx
+    python -m depthpack.export --checkpoint runs/vits --out /tmp/dp_export_vits --device cuda
 
 The folder's contract is depthpack.deploy.contract. Steps (a failure at any step is one ExportError):
   1. refuse targets this process cannot build for (a .pt2 holds native code for one CPU architecture
      and one GPU compute capability: build it where it runs), and an --out that holds anything but
      an earlier export;
   2. in a staging folder beside --out: per bucket torch.export -> static-graph check -> AOTInductor
-     (the packages hold code; the weights go to one file beside them, contract.WEIGHTS), or, with
+     with the fast recipe for the device and batch (core.fast; --plain: the reference model) (the
+     packages hold code; the weights go to one file beside them, contract.WEIGHTS), or, with
      reuse_packages, an earlier export's packages of the same model and build, copied: new weights
      in minutes-old packages, no compile; the weights file, the reference files, optionally ONNX,
      the manifest;
@@ -32,16 +33,17 @@ from tqdm import tqdm
 
 from ..core.checkpoint import load_model
 from ..core.config import PRESETS, ModelConfig, model_config, to_dict
+from ..core.fast import Recipe, fast_recipe
 from ..core.files import atomic_write_json, publish_dir, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
                        REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, WEIGHTS, io_specs, onnx_name, package_name,
                        read_manifest, verify_file)
 from .onnx import export_onnx
-from .package import (ExportError, PackedForward, cast_model, check_constants, compile_packages, constant_specs, export_program,
-                      levers_for, manifest_focal, package_constants)
+from .package import (ExportError, PackedForward, check_constants, compile_packages, constant_specs, export_program,
+                      manifest_focal, package_constants)
 from .reference import write_reference
-from .selfcheck import find_cpp_runner, finish_self_check, start_self_check
+from .selfcheck import finish_self_check, start_self_check
 
 # named targets -> (CPU architecture, CUDA compute capability or None)
 TARGETS = {"jetson-orin": ("aarch64", "8.7"), "jetson-xavier": ("aarch64", "7.2"),
@@ -52,16 +54,12 @@ TARGETS = {"jetson-orin": ("aarch64", "8.7"), "jetson-xavier": ("aarch64", "7.2"
 class ExportOptions:
     out: str
     device: str = "cpu"  # cpu | cuda | cuda:N
-    dtype: str = "float32"  # compute dtype inside the package
+    dtype: str | None = None  # compute dtype inside the package; None: bfloat16 on CUDA with the fast recipe, else float32
     buckets: tuple[int, ...] | None = None  # None: the model config's ladder
     batch: int = 1
+    fast: bool = True  # the fast recipe for the device and batch (core.fast); False: the reference model
     onnx: bool = False
     onnx_buckets: tuple[int, ...] | None = None  # None: every exported bucket (with onnx)
-    max_autotune: bool = False
-    inductor_configs: dict | None = None  # more Inductor settings for AOTInductor (e.g. combo_kernels)
-    switches: dict | None = None  # the model's fast paths in the packages (e.g. {"selection": "count"})
-    static_cxx_runtime: bool = True  # link the C++ runtime into each package, hidden (package.compile_package)
-    weights_outside: bool = True  # packages without weights + one weights file (contract.WEIGHTS); False: inside
     reuse_packages: str | None = None  # an earlier export of the same model and build: its packages, new weights
     compile_workers: int | None = None  # packages compiled at once (None: one per 4 cores, at most one per bucket)
     frame_size: tuple[int, int] | None = None  # (h, w): packages take uint8 camera frames of this size
@@ -69,7 +67,12 @@ class ExportOptions:
     target: str = "native"  # or a name in TARGETS, or "ARCH[:sm_XY]"
     seed: int = 0
     check_timeout_s: int = 900
-    cpp_runner: str | None = None  # C++ runner for the self-check where Python cannot load packages
+
+    def recipe(self, device: torch.device) -> Recipe:
+        return fast_recipe(device, self.batch) if self.fast else Recipe()  # Recipe(): the reference
+
+    def compute_dtype(self, device: torch.device) -> str:
+        return self.dtype or ("bfloat16" if self.fast and device.type == "cuda" else "float32")
 
 
 # ---- model ----------------------------------------------------------------------------------------
@@ -199,6 +202,7 @@ def frame_of(opts: ExportOptions) -> dict | None:
 
 def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.device, buckets, bucket_entries,
                    reference: dict, onnx_entries: list, weights: dict | None = None) -> dict:
+    dtype = opts.compute_dtype(device)
     mcfg = to_dict(cfg)
     mcfg["buckets"] = list(buckets)
     mcfg["backbone_weights"] = None
@@ -207,14 +211,12 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         "image_size": list(cfg.img_size), "patch_size": cfg.patch_size, "batch_size": opts.batch,
         "device": device.type,
         "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
-        "arch": platform.machine(), "dtype": opts.dtype, "torch_version": torch.__version__,
+        "arch": platform.machine(), "dtype": dtype, "torch_version": torch.__version__,
         "min_depth": cfg.min_depth, "max_depth": cfg.max_depth, "frame": frame_of(opts),
         **({"focal": manifest_focal(cfg, frame_of(opts))} if cfg.uses_focal else {}),
-        "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[opts.dtype]),
+        "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
-        "build": {"switches": {k: v for k, v in (opts.switches or {}).items() if k != "fused_embed"},
-                  "inductor_configs": dict(opts.inductor_configs or {}), "static_cxx_runtime": opts.static_cxx_runtime,
-                  "max_autotune": bool(opts.max_autotune)},
+        "build": {"recipe": {**opts.recipe(device).kernels, "inductor": dict(opts.recipe(device).inductor)}},
     }
     if onnx_entries:
         manifest["onnx"] = [{k: e[k] for k in ("bucket", "file", "sha256")} for e in onnx_entries]
@@ -237,8 +239,8 @@ def reusable_packages(old: Path, new: dict) -> dict:
     except ValueError as e:
         raise ExportError(f"--reuse-packages {old}: {e}") from None
     if m["weights"] is None:
-        raise ExportError(f"--reuse-packages {old}: its packages hold their weights (exported with weights inside); "
-                          f"only packages exported with their weights outside can take new ones")
+        raise ExportError(f"--reuse-packages {old}: its packages hold their weights (an older export layout); "
+                          f"export without --reuse-packages")
     for key in REUSE_KEYS:
         a, b = m.get(key), new.get(key)
         if a != b:
@@ -254,17 +256,13 @@ def reusable_packages(old: Path, new: dict) -> dict:
 def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log=print) -> dict:
     """Build the folder opts.out from a float32 CPU model; returns a summary with measured times.
     Raises ExportError (a ValueError) on any refusal or failed check; opts.out is then untouched."""
-    if opts.dtype not in DTYPES:
+    if opts.dtype is not None and opts.dtype not in DTYPES:
         raise ExportError(f"--dtype {opts.dtype!r}: choose one of {sorted(DTYPES)}")
     if opts.batch < 1:
         raise ExportError(f"--batch {opts.batch}: must be >= 1")
     if opts.compile_workers is not None and opts.compile_workers < 1:
         raise ExportError(f"--compile-workers {opts.compile_workers}: must be >= 1")
-    if opts.reuse_packages and not opts.weights_outside:
-        raise ExportError("--reuse-packages gives old packages new weights: it needs the weights outside the packages")
     device = resolve_device(opts.device, opts.target)
-    if opts.cpp_runner:
-        find_cpp_runner(opts.cpp_runner)  # refuse a wrong path now, not after minutes of compiling
     buckets = check_buckets(opts.buckets or model.cfg.buckets, model.cfg)
     onnx_buckets = tuple(opts.onnx_buckets or buckets) if opts.onnx else ()
     if set(onnx_buckets) - set(buckets):
@@ -289,28 +287,23 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
 
 def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_buckets, out: Path, log,
            reused: dict | None = None) -> dict:
-    deployed = cast_model(model, DTYPES[opts.dtype], device, opts.switches)
+    recipe = opts.recipe(device)
+    deployed = model.deployed(recipe, device, DTYPES[opts.compute_dtype(device)])
     frame = frame_of(opts)
     g = torch.Generator().manual_seed(opts.seed)
-    weights = package_constants(PackedForward(deployed, buckets[0], frame)) if opts.weights_outside else None
+    weights = package_constants(PackedForward(deployed, buckets[0], frame))
     times: dict = {"export_s": {}, "compile_s": {}}
     t_all = time.perf_counter()
-    cc = "{}.{}".format(*torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
-    inductor_configs, dropped = levers_for(cc if device.type == "cuda" else "cpu", opts.inductor_configs or {})
-    inductor_configs["max_autotune"] = bool(opts.max_autotune)
+    inductor_configs = dict(recipe.inductor)
     if reused is not None:  # the same build (reusable_packages): these settings are the packages' own
         entries = _copy_packages(Path(opts.reuse_packages), reused, out, log)
     else:
-        if dropped:
-            log(f"left out for this target (sm_{(cc or 'cpu').replace('.', '')}): {', '.join(dropped)} (Hopper only)")
         entries = _compile(deployed, opts, device, buckets, frame, g, weights, inductor_configs, out, times, log)
-    weights_entry = None
-    if weights is not None:
-        from safetensors.torch import save_file
+    from safetensors.torch import save_file
 
-        save_file(weights, str(out / WEIGHTS))
-        weights_entry = {"file": WEIGHTS, "sha256": sha256_file(out / WEIGHTS)}
-        log(f"weights: {len(weights)} tensors, {(out / WEIGHTS).stat().st_size / 1e6:.1f} MB -> {WEIGHTS}")
+    save_file(weights, str(out / WEIGHTS))
+    weights_entry = {"file": WEIGHTS, "sha256": sha256_file(out / WEIGHTS)}
+    log(f"weights: {len(weights)} tensors, {(out / WEIGHTS).stat().st_size / 1e6:.1f} MB -> {WEIGHTS}")
     reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device, frame)
     # the manifest of the packages, checked by a child process while the ONNX files are exported here;
     # then written again with the ONNX entries (the folder is staged: a runner sees only the final one)
@@ -327,7 +320,7 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
         times.setdefault("onnx_s", {})[k] = round(time.perf_counter() - t1, 2)
         log(f"ONNX bucket {k}: {e['exporter']} exporter, onnxruntime vs eager max |diff| {e['max_abs_diff']:.2e} m")
         onnx_entries.append(e)
-    report = finish_self_check(pending, opts.cpp_runner, log)
+    report = finish_self_check(pending)
     times["check_s"] = round(time.perf_counter() - t0, 2)  # with the ONNX export beside it
     if onnx_entries:
         manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries, weights_entry)
@@ -335,8 +328,8 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     times["total_s"] = round(time.perf_counter() - t_all, 2)
     log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")
     check = {k: report[k] for k in ("checker", "buckets", "reference", "load_s", "python_loader") if k in report}
-    return {"device": str(device), "dtype": opts.dtype, "buckets": list(buckets), "torch": torch.__version__,
-            "times": times, "check": check, "switches": deployed.switches(), "inductor_configs": inductor_configs,
+    return {"device": str(device), "dtype": opts.compute_dtype(device), "buckets": list(buckets), "torch": torch.__version__,
+            "times": times, "check": check, "recipe": recipe.describe(),
             "onnx": [{k: e[k] for k in ("bucket", "exporter", "max_abs_diff")} for e in onnx_entries]}
 
 
@@ -344,22 +337,19 @@ def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g
              out: Path, times: dict, log) -> list[dict]:
     """Per bucket: torch.export, the static-graph check, AOTInductor; the manifest entries."""
     entries, jobs = [], []
-    for k in tqdm(buckets, desc=f"torch.export {device.type} {opts.dtype}", unit="bucket", file=sys.stderr):
+    for k in tqdm(buckets, desc=f"torch.export {device.type} {opts.compute_dtype(device)}", unit="bucket", file=sys.stderr):
         t0 = time.perf_counter()
         ep = export_program(deployed, k, opts.batch, device, g, frame)
-        if weights is not None:
-            check_constants(ep, weights, k)
+        check_constants(ep, weights, k)
         times["export_s"][k] = round(time.perf_counter() - t0, 2)
         inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame, deployed.cfg.uses_focal)
         path = out / package_name(k)
-        metadata = {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":"))}
-        if weights is not None:
-            metadata[PACKAGE_CONSTANTS] = json.dumps(constant_specs(ep), separators=(",", ":"))
-        jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k, "metadata": metadata,
-                     "static_cxx_runtime": opts.static_cxx_runtime, "weights_outside": weights is not None})
+        metadata = {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":")),
+                    PACKAGE_CONSTANTS: json.dumps(constant_specs(ep), separators=(",", ":"))}
+        jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k, "metadata": metadata})
         entries.append({"bucket": k, "file": path.name, "inputs": inputs, "outputs": outputs})
     workers = opts.compile_workers if opts.compile_workers is not None else max(1, min(len(jobs), (os.cpu_count() or 1) // 4))
-    bar = tqdm(total=len(jobs), desc=f"AOTInductor {device.type} {opts.dtype} ({workers} at once)", unit="package",
+    bar = tqdm(total=len(jobs), desc=f"AOTInductor {device.type} {opts.compute_dtype(device)} ({workers} at once)", unit="package",
                file=sys.stderr)
 
     def done(job, seconds):

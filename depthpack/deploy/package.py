@@ -2,7 +2,6 @@
 the graph is static, and AOTInductor's compile into a .pt2."""
 from __future__ import annotations
 
-import copy
 import os
 import tempfile
 from pathlib import Path
@@ -23,27 +22,6 @@ FORBIDDEN_OPS = {"nonzero", "nonzero_static", "_local_scalar_dense", "item", "un
 
 class ExportError(ValueError):
     """Anything that stops an export: the message says what and what to do."""
-
-
-def cast_model(model: DepthPack, dtype: torch.dtype, device: torch.device, switches: dict | None = None) -> DepthPack:
-    """A copy in the compute dtype on the device (the selection priorities and offset frequencies are
-    integer buffers inside DepthPack, so the cast leaves them exact), with the given fast paths."""
-    model = copy.deepcopy(model).to(device=device, dtype=dtype)
-    # the Triton embed kernel is a plain launch, not a custom op: the packages hold its torch reference
-    model.set_switches(**{**(switches or {}), "fused_embed": False})
-    return model.eval()
-
-
-# Inductor settings and model switches that need a Hopper GPU (sm_90): left out for other targets
-HOPPER_ONLY = {"triton.enable_pdl"}
-
-
-def levers_for(compute_capability: str | None, inductor_configs: dict) -> tuple[dict, list[str]]:
-    """The Inductor settings that apply on a GPU of this compute capability, and what was left out."""
-    if compute_capability is not None and compute_capability.startswith("9."):
-        return dict(inductor_configs), []
-    dropped = sorted(k for k in inductor_configs if k in HOPPER_ONLY and inductor_configs[k])
-    return {k: v for k, v in inductor_configs.items() if k not in HOPPER_ONLY}, dropped
 
 
 class PackedForward(nn.Module):
@@ -143,8 +121,7 @@ def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.T
         w = weights.get(name)
         if w is None or w.shape != t.shape or w.dtype != t.dtype:
             raise ExportError(f"bucket {bucket}: the program's constant {name} {t.dtype} {list(t.shape)} is not in the "
-                              f"weights file as such ({'missing' if w is None else f'{w.dtype} {list(w.shape)}'}); "
-                              f"export with weights inside the packages (--weights-in-packages)")
+                              f"weights file as such ({'missing' if w is None else f'{w.dtype} {list(w.shape)}'})")
 
 
 def constant_specs(ep: torch.export.ExportedProgram) -> dict[str, dict]:
@@ -155,34 +132,30 @@ def constant_specs(ep: torch.export.ExportedProgram) -> dict[str, dict]:
 
 
 def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_configs: dict | None = None,
-                    metadata: dict[str, str] | None = None, static_cxx_runtime: bool = False,
-                    weights_outside: bool = False) -> Path:
-    """AOTInductor-compile the program into the .pt2 at path, with metadata (strings) stored in the
-    package itself (the exporter stages the whole folder and swaps it in at the end, so a half-written
-    package is never under a folder a runner reads). static_cxx_runtime: link the C++ runtime into the
-    package's library, hidden (static_runtime_compiler), so its C++ symbols cannot bind to another
-    copy in the loading process. weights_outside: the package holds no weights (WEIGHTS_OUTSIDE)."""
-    configs = {**(WEIGHTS_OUTSIDE if weights_outside else {}), **(inductor_configs or {})}
+                    metadata: dict[str, str] | None = None) -> Path:
+    """AOTInductor-compile the program into the .pt2 at path, without its weights (WEIGHTS_OUTSIDE), with
+    metadata (strings) stored in the package itself and the C++ runtime linked in, hidden
+    (static_runtime_compiler). The exporter stages the whole folder and swaps it in at the end, so a
+    half-written package is never under a folder a runner reads."""
+    configs = {**WEIGHTS_OUTSIDE, **(inductor_configs or {})}
     if metadata:
         configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), **metadata}
-    if static_cxx_runtime:
-        configs["cpp.cxx"] = (str(static_runtime_compiler()),)
+    configs["cpp.cxx"] = (str(static_runtime_compiler()),)
     torch._inductor.aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
     return path
 
 
 def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
     """Compile several exported programs into packages: jobs of compile_package's arguments ("ep",
-    "path", "inductor_configs", "metadata", "static_cxx_runtime", "weights_outside"). With workers > 1 they compile in
-    that many spawned processes at once (each program saved with torch.export.save and loaded there):
-    AOTInductor's C++ compile of one package uses one core. on_done(job, seconds) as each finishes."""
+    "path", "inductor_configs", "metadata"). With workers > 1 they compile in that many spawned processes
+    at once (each program saved with torch.export.save and loaded there): AOTInductor's C++ compile of
+    one package uses one core. on_done(job, seconds) as each finishes."""
     import time
 
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
             t0 = time.perf_counter()
-            compile_package(job["ep"], job["path"], job.get("inductor_configs"), job.get("metadata"),
-                            job.get("static_cxx_runtime", False), job.get("weights_outside", False))
+            compile_package(job["ep"], job["path"], job.get("inductor_configs"), job.get("metadata"))
             if on_done:
                 on_done(job, time.perf_counter() - t0)
         return
@@ -207,9 +180,7 @@ def _compile_saved(job: dict) -> float:
     import time
 
     t0 = time.perf_counter()
-    ep = torch.export.load(job["ep_file"])
-    compile_package(ep, Path(job["path"]), job.get("inductor_configs"), job.get("metadata"),
-                    job.get("static_cxx_runtime", False), job.get("weights_outside", False))
+    compile_package(torch.export.load(job["ep_file"]), Path(job["path"]), job.get("inductor_configs"), job.get("metadata"))
     return time.perf_counter() - t0
 
 
@@ -231,7 +202,7 @@ def static_runtime_compiler() -> Path:
 
     real = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if real is None:
-        raise ExportError("static_cxx_runtime needs g++ on PATH (or $CXX)")
+        raise ExportError("the export needs g++ on PATH (or $CXX) to compile the packages")
     text = ("#!/bin/sh\n# depthpack: the package's C++ runtime, linked in and hidden\n"
             'case " $* " in\n  *" -shared "*) exec ' + real
             + ' "$@" -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL -Wl,-Bsymbolic ;;\n'

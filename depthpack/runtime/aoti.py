@@ -7,10 +7,8 @@
 The loader is the binding the C++ runner uses, `torch._C._aoti.AOTIModelPackageLoader(path, "model",
 run_single_threaded, 1, device_index)`, after host-side checks (sha256, device, compute capability,
 CPU architecture, torch version, tensor shapes: depthpack.deploy.contract); on CUDA it is
-single-threaded so that its run can be captured in a CUDA graph. Where loading a package kills the
-process (torch 2.11.0+cu130 on the H200: a package's library bound its C++ runtime symbols to the
-wrong copy), a child process tries first (probe_loading): the way that works is used, or the caller
-gets one ValueError saying what to do instead of dying.
+single-threaded so that its run can be captured in a CUDA graph. Every constant of the weights file is
+checked against the package's own record of it (name, dtype, shape) before it is attached.
 
 CLI (the exporter's self-check runs it in a child process):
     python -m depthpack.runtime.aoti --check DIR/manifest.json [--device cuda] [--inputs F] [--bench N]
@@ -21,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,8 +27,8 @@ from typing import Callable
 import torch
 
 from ..core.packing import run_chunked
-from ..deploy.contract import (PACKAGE_BUCKET, PACKAGE_INPUTS, check_device, read_manifest, verify_file,
-                               within)
+from ..deploy.contract import (PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, check_device, read_manifest,
+                               verify_file, within)
 from .graphs import capture, summarize, time_calls
 
 Runner = Callable[..., torch.Tensor]  # (images|frames, points[, focal]) -> depth
@@ -60,13 +55,26 @@ def load_weights(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def attach_weights(loader, weights: dict[str, torch.Tensor], package: str, weights_file: str) -> None:
-    """Load the constants the package names into it: a package run without them reads unset memory,
-    so a constant the file lacks is a ValueError before the first call."""
+    """Load the constants the package names into it, each checked first against the package's own record
+    of its dtype and shape (PACKAGE_CONSTANTS): a package run with a missing or misshapen constant reads
+    unset or foreign memory, so any mismatch is a ValueError naming the constant before the first call."""
+    record = loader.get_metadata().get(PACKAGE_CONSTANTS)
+    if record is None:
+        raise ValueError(f"package {package} does not record the constants it expects (exported by an older "
+                         f"depthpack); re-export")
+    expected = json.loads(record)
     names = loader.get_constant_fqns()
-    missing = [n for n in names if n not in weights]
-    if missing:
-        raise ValueError(f"weights {weights_file} lack {len(missing)} constant(s) that package {package} needs "
-                         f"({', '.join(missing[:3])}): the weights are not this export's; re-export")
+    for name in names:
+        t, want = weights.get(name), expected.get(name)
+        if want is None:
+            raise ValueError(f"package {package} names constant {name} but does not record its shape; re-export")
+        if t is None:
+            raise ValueError(f"weights {weights_file} lack constant {name} that package {package} needs: the weights "
+                             f"are not this export's; re-export")
+        got = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+        if got != want:
+            raise ValueError(f"weights {weights_file}: constant {name} is {got['dtype']} {got['shape']}, package "
+                             f"{package} expects {want['dtype']} {want['shape']}: the weights are not this export's")
     loader.load_constants({n: weights[n] for n in names}, False, True)  # (map, use_inactive, check_full_update)
 
 
@@ -94,88 +102,12 @@ def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
     return run
 
 
-# How this process must load packages, found by probing in a child process first (per torch, device and
-# package): "plain", or "cxx_global" (the C++ runtime promoted into the global symbol scope first).
-_HOW: dict[tuple, str] = {}
-
-
-def libstdcxx() -> str:
-    """The C++ runtime the packages are linked against (the one the host compiler uses)."""
-    import shutil
-
-    for cxx in (os.environ.get("CXX"), "g++", "c++"):
-        if cxx and shutil.which(cxx):
-            out = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True).stdout.strip()
-            if os.path.isabs(out) and os.path.exists(out):
-                return os.path.realpath(out)
-    import ctypes.util
-
-    return ctypes.util.find_library("stdc++") or "libstdc++.so.6"
-
-
-def promote_cxx_runtime() -> None:
-    """Load the C++ runtime with RTLD_GLOBAL, so that a package's library binds its C++ runtime symbols
-    to it rather than to a copy another library of the process carries (the torch 2.11 + CUDA crash;
-    scripts/aoti_diagnose.py shows the bindings)."""
-    import ctypes
-
-    ctypes.CDLL(libstdcxx(), mode=os.RTLD_GLOBAL)
-
-
-def _child_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ, **(extra or {}))
-    root = str(Path(__file__).resolve().parents[2])  # so the child imports this depthpack
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def _probe_child(manifest_path, device, how: str, env: dict | None = None, timeout_s: int = 600) -> tuple[int | None, str]:
-    cmd = [sys.executable, "-X", "faulthandler", "-m", "depthpack.runtime.aoti", "--probe", how,
-           "--check", str(manifest_path), "--device", str(device)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_child_env(env))
-        return proc.returncode, proc.stderr
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout_s} s"
-
-
-def probe_loading(manifest_path: str | Path, device: torch.device, timeout_s: int = 600) -> str:
-    """How this process can load the packages, found by loading and running the first one in a CHILD
-    process first: where loading kills Python (torch 2.11.0+cu130 on the H200: SIGSEGV in the loader),
-    the caller gets a way that works or one ValueError saying exactly what to do, instead of dying.
-    Once per process and package. DEPTHPACK_AOTI_PROBE=0 skips it (loads plainly)."""
-    if os.environ.get("DEPTHPACK_AOTI_PROBE", "1") == "0":
-        return "plain"
-    manifest = read_manifest(manifest_path)
-    key = (torch.__version__, str(device), manifest["buckets"][0]["sha256"])
-    if key in _HOW:
-        return _HOW[key]
-    rc, err = _probe_child(manifest_path, device, "plain", timeout_s=timeout_s)
-    if rc == 0:
-        _HOW[key] = "plain"
-        return "plain"
-    what = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"failed (exit {rc})"
-    tail = " | ".join(ln.strip() for ln in err.strip().splitlines()[-3:])
-    if rc is not None and rc < 0:  # a crash: try the C++ runtime in the global scope, then a preloaded one
-        if _probe_child(manifest_path, device, "cxx_global", timeout_s=timeout_s)[0] == 0:
-            _HOW[key] = "cxx_global"
-            return "cxx_global"
-        lib = libstdcxx()
-        if _probe_child(manifest_path, device, "plain", {"LD_PRELOAD": lib}, timeout_s)[0] == 0:
-            raise ValueError(f"loading an AOTInductor package from Python {what} in a child process (torch "
-                             f"{torch.__version__}, {device}); a child started with the C++ runtime preloaded "
-                             f"loads it: run Python as LD_PRELOAD={lib} python ...")
-    raise ValueError(f"loading an AOTInductor package from Python {what} in a child process on this machine "
-                     f"(torch {torch.__version__}, {device}); this process did not try. Child said: {tail}")
-
-
-def load_runners(manifest_path: str | Path, device: str | torch.device,
-                 probe: bool = True) -> tuple[dict, dict[int, Runner]]:
+def load_runners(manifest_path: str | Path, device: str | torch.device) -> tuple[dict, dict[int, Runner]]:
     """(manifest, {bucket K: fn(images [B,3,H,W], points [B,K,2]) -> depth [B,K]}).
 
     Every package's sha256 (and the weights file's) is checked against the manifest before anything
-    is loaded (a clear ValueError on a missing or changed file), then the device, architecture and torch version, then
-    (probe=True) loading is tried in a child process first, so a crashing loader raises here.
+    is loaded (a clear ValueError on a missing or changed file), then the device, architecture and torch
+    version, then each constant against the package's record (attach_weights).
     """
     manifest = read_manifest(manifest_path)
     device = torch.device(device)
@@ -186,12 +118,12 @@ def load_runners(manifest_path: str | Path, device: str | torch.device,
         verify_file(root / b["file"], b["sha256"], "package")
     if manifest["weights"] is not None:
         verify_file(root / manifest["weights"]["file"], manifest["weights"]["sha256"], "weights")
+    if manifest["weights"] is None:
+        raise ValueError(f"{manifest_path}: the packages hold their own weights (an older export layout); re-export")
     check_device(manifest, device)
-    if (probe_loading(manifest_path, device) if probe else "plain") == "cxx_global":
-        promote_cxx_runtime()
     if device.type == "cuda":
         torch.cuda.init()
-    weights = load_weights(root / manifest["weights"]["file"], device) if manifest["weights"] is not None else None
+    weights = load_weights(root / manifest["weights"]["file"], device)
     runners: dict[int, Runner] = {}
     for b in manifest["buckets"]:
         loader = load_package(root / b["file"], device)
@@ -200,8 +132,7 @@ def load_runners(manifest_path: str | Path, device: str | torch.device,
         if key != manifest["device"]:
             raise ValueError(f"package {b['file']} holds code for {key}, the manifest says {manifest['device']}")
         check_package_metadata(meta, b)
-        if weights is not None:
-            attach_weights(loader, weights, b["file"], manifest["weights"]["file"])
+        attach_weights(loader, weights, b["file"], manifest["weights"]["file"])
         runners[int(b["bucket"])] = _make_runner(loader, b, device)
     return manifest, dict(sorted(runners.items()))
 
@@ -241,8 +172,7 @@ def bench_runner(fn: Runner, images: torch.Tensor, points: torch.Tensor, iters: 
 
 
 # ---- the self-check, run in a child process by the exporter ----------------------------------------
-def check(manifest_path: str | Path, device: str | None = None, inputs: str | None = None,
-          bench: int = 0, probe: bool = True) -> dict:
+def check(manifest_path: str | Path, device: str | None = None, inputs: str | None = None, bench: int = 0) -> dict:
     """Compare every package with the reference file (chunked) and, when `inputs` is given, with the
     eager outputs stored there ("images_k{K}", "points_k{K}", ["focal_k{K}",] "depth_k{K}"). Returns a
     report dict."""
@@ -251,7 +181,7 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
     t0 = time.perf_counter()
     dev = torch.device(device or read_manifest(manifest_path)["device"])
     root = Path(manifest_path).parent
-    manifest, runners = load_runners(manifest_path, dev, probe=probe)
+    manifest, runners = load_runners(manifest_path, dev)
     tol = manifest["tolerance"]
     report = {"device": str(dev), "torch": torch.__version__, "load_s": round(time.perf_counter() - t0, 3),
               "buckets": {}, "ok": True}
@@ -293,43 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the manifest's device)")
     ap.add_argument("--inputs", default=None, help="safetensors of fresh inputs + eager depths (from the exporter)")
     ap.add_argument("--bench", type=int, default=0, metavar="N", help="also time each package N times")
-    ap.add_argument("--no-probe", action="store_true",
-                    help="load in this process without trying a child first (the exporter's own child does this)")
-    ap.add_argument("--probe", choices=("plain", "cxx_global"), help=argparse.SUPPRESS)  # load + run one package here
     args = ap.parse_args(argv)
     try:
-        if args.probe:
-            if args.probe == "cxx_global":
-                promote_cxx_runtime()
-            print(json.dumps(_probe(args.check, args.device)))
-            return 0
-        report = check(args.check, args.device, args.inputs, args.bench, probe=not args.no_probe)
+        report = check(args.check, args.device, args.inputs, args.bench)
     except ValueError as e:
         print(json.dumps({"ok": False, "error": str(e)}))
         return 1
     print(json.dumps(report))
     return 0 if report["ok"] else 1
-
-
-def _probe(manifest_path: str, device: str | None = None) -> dict:
-    """Load and run the first package in this process (the child of probe_loading)."""
-    manifest = read_manifest(manifest_path)
-    bucket = manifest["buckets"][0]
-    device = torch.device(device or manifest["device"])
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
-    root = Path(manifest_path).parent
-    loader = load_package(root / bucket["file"], device)
-    if manifest["weights"] is not None:  # a package run without its constants reads unset memory
-        attach_weights(loader, load_weights(root / manifest["weights"]["file"], device), bucket["file"],
-                       manifest["weights"]["file"])
-    scale = {"points": 4.0, "focal": manifest["focal"]["default"] if manifest.get("focal") else 0.0}
-    inputs = [torch.randint(0, 256, t["shape"], dtype=torch.uint8, device=device) if t["dtype"] == "uint8"
-              else torch.rand(t["shape"], device=device) * scale.get(t["name"], 1.0) for t in bucket["inputs"]]
-    out = loader.run(inputs)[0]
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return {"output_shape": list(out.shape), "finite": bool(torch.isfinite(out).all())}
 
 
 if __name__ == "__main__":

@@ -1,23 +1,22 @@
 """Predictor: the packed forward as a runtime, fed what a robot has (camera frames on the host).
 
-    pred = Predictor(model, device="cuda", dtype=torch.bfloat16, backend="compile+graph", color="bgr")
+    pred = Predictor(model, device="cuda", color="bgr")   # compiled and captured with the fast recipe
     depth = pred.predict(frame, points)        # frame uint8 [h,w,3] (OpenCV), points [Q,2] frame pixels
     depth = pred.predict(images, points)       # or float images [B,3,H,W] in [0,1] at the model's size
     depth = pred.predict(frame, points, focal=525.0)  # the camera's focal length, pixels of the input
+    pred = Predictor.from_packages("export/manifest.json", device="cuda")   # an export's packages
 
 Inside ONE static graph per bucket and input kind: preprocessing (depthpack.core.preprocess: channel
 swap, resize, scale; points and focal scaled to the model's pixels), token selection, the blocks, the head.
 On the host: checks (no value scan of uint8 frames), the bucket from Q, chunking, staging into pinned
 buffers made once, asynchronous copies. In steady state a call with out= allocates nothing on the
-device or in pinned memory. Switches: backend (eager | compile | graph | compile+graph | aoti), path
-(packed | masked | dense: the baselines), dtype, switches (the model's fast paths), compile_options
-(Inductor's), buckets; see the class docstring.
+device or in pinned memory.
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from ..core.fast import REFERENCE, Recipe, fast_recipe
 from ..core.files import atomic_write_bytes
 from ..core.packing import bucket_for, chunk_plan, run_chunked
 from ..core.preprocess import frames_to_images, scale_focal, scale_points
@@ -32,9 +32,8 @@ from ..core.validation import check_focal, check_points_in_image
 from .frames import Batch, as_batch, check_color
 from .graphs import capture
 
-BACKENDS = ("eager", "compile", "graph", "compile+graph", "aoti")
-PATHS = ("packed", "masked", "dense")
 CACHE_FILE = "depthpack_compile_cache.bin"  # torch.compiler.save_cache_artifacts, inside cache_dir
+COMPILE_BACKEND = "inductor"  # the tests on a CPU set "aot_eager": the static path without Inductor's compile
 _LOADED: set[str] = set()  # cache blobs already loaded in this process
 
 
@@ -64,6 +63,16 @@ def save_compile_cache(cache_dir: str | os.PathLike) -> None:
     saved = torch.compiler.save_cache_artifacts()
     if saved is not None:
         atomic_write_bytes(Path(cache_dir) / CACHE_FILE, saved[0])
+
+
+def _device(device) -> torch.device:
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device}: CUDA is not available on this machine")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class _Staged:
@@ -140,33 +149,33 @@ class _Mode:
 class Predictor:
     """The packed forward behind one call: predict(frames or images, points) -> depth [B,Q].
 
-    backend        eager | compile | graph | compile+graph | aoti
-                     compile: torch.compile(fullgraph, static shapes, mode=compile_mode)
-                     graph: one CUDA graph per bucket and input kind, all in one memory pool
-                     compile+graph: the compiled forward captured the same way (or, with
-                       compile_mode="reduce-overhead", Inductor's own CUDA graphs)
-                     aoti: exported packages (depthpack.runtime.aoti), captured in graphs on a GPU
-    path           packed (default) | masked | dense: which core of the model runs (the baselines)
-    dtype          the compute dtype of the Predictor's copy of the model
-    color          the channel order of uint8 frames (bgr from OpenCV, or rgb); predict(color=) overrides
-    switches       the model's fast paths (depthpack.core.model.SWITCHES: fused_embed, selection,
-                   mlp_epilogue, fused_blocks), e.g. {"selection": "count", "fused_blocks": "hybrid"}
-    compile_options  Inductor settings for torch.compile (e.g. {"combo_kernels": True}), merged over
-                   compile_mode's
-    buckets        another bucket ladder than the model's (its cores run any bucket)
-    validate       points and focal checked on the host (False: the caller promises)
+    Predictor(model, device, dtype, fast, batch_size, color, cache_dir, validate)
+    device     cuda or cpu (default: cuda when there is one)
+    dtype      the compute dtype of the Predictor's copy of the model (default: bfloat16 on CUDA with the
+               fast recipe, else the model's)
+    fast       True: the fast recipe for the device and batch size (core.fast.fast_recipe: on CUDA
+               torch.compile + one CUDA graph per bucket and the measured kernels; on a CPU the plain
+               model); False: the plain model, eagerly (the reference, for debugging); or a core.fast.Recipe
+    color      the channel order of uint8 frames (bgr from OpenCV, or rgb); predict(color=) overrides
+    cache_dir  compile caches on disk, so a second process warms from them
+    validate   points and focal checked on the host (False: the caller promises)
+    Predictor.from_packages(manifest, device, color, validate) runs an export's packages instead (their
+    own batch size, dtype and recipe), captured in CUDA graphs on a GPU; everything else is shared.
 
     focal: predict(..., focal=) takes each frame's focal length sqrt(fx * fy) in pixels of the input
     given (frame pixels for frames, image pixels for images; 0 = unknown: the model's default), a
     number, a sequence or a [B] tensor. It is a staged input of the static graphs like the points
     (scaled to the model's pixels inside them), so another focal needs no recompile or recapture.
-    A model (or packages) without a focal input ignores it, after the same check: a robot may pass
-    its camera's focal to every model.
+    A model (or packages) without a focal input ignores it, after the same check.
 
-    Every backend but eager runs at a fixed batch size (the first call's, or warmup's): other batch
-    sizes run in groups of it. Static backends run one frame size (the first frame's, or warmup's):
-    a frame of another size is one ValueError naming both; make one Predictor per camera. The
-    caller's model is never modified: the Predictor runs its own copy.
+    A compiled or captured Predictor runs at a fixed batch size (the first call's, or warmup's): other
+    batch sizes run in groups of it, and one frame size (the first frame's, or warmup's): a frame of
+    another size is one ValueError naming both; make one Predictor per camera. The caller's model is
+    never modified: the Predictor runs its own copy.
+
+    Threads: calls from several threads are served one at a time (a lock around each call: the staging
+    buffers and captured graphs are the Predictor's one copy); for calls in parallel make one Predictor
+    per thread.
 
     Synchronization: host points are checked on the host for free; device points are copied to the
     host to be checked (a sync) unless validate=False. Float images are value-checked on the host
@@ -174,113 +183,94 @@ class Predictor:
     for the GPU; with out= on the host (or none and a CPU device) the result is ready on return.
     """
 
-    def __init__(self, model=None, device=None, dtype: torch.dtype | None = None, backend: str = "eager",
-                 batch_size: int | None = None, compile_mode: str | None = None,
-                 cache_dir: str | os.PathLike | None = None, validate: bool = True,
-                 packages: str | os.PathLike | None = None, switches: dict | None = None,
-                 compile_backend: str = "inductor", path: str = "packed", buckets: tuple[int, ...] | None = None,
-                 color: str | None = None, compile_options: dict | None = None):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if path not in PATHS:
-            raise ValueError(f"unknown path {path!r}; choose one of {', '.join(PATHS)}")
-        if (backend == "aoti") != (model is None):
-            raise ValueError("backend 'aoti' takes packages=DIR/manifest.json and no model; "
-                             "every other backend needs a model")
-        if backend == "aoti" and path != "packed":
-            raise ValueError("backend 'aoti' runs the packed path only (the packages hold it)")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if color is not None:
-            check_color(color)
-        self.backend, self.path, self.color = backend, path, color
-        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(f"device {self.device}: CUDA is not available on this machine")
-            if self.device.index is None:
-                self.device = torch.device("cuda", torch.cuda.current_device())
-        self.graphs = backend in ("graph", "compile+graph", "aoti") and self.device.type == "cuda"
-        self.compile_mode, self.compile_options = compile_mode, dict(compile_options or {})
-        self.compile_backend = compile_backend  # "inductor"; tests on CPU use "aot_eager" to stay fast
-        self.inductor_graphs = backend == "compile+graph" and compile_mode == "reduce-overhead"
-        if self.inductor_graphs:
-            self.graphs = False  # Inductor captures and replays; we only stage the inputs
-        if backend in ("graph", "compile+graph") and self.device.type != "cuda":
-            raise ValueError(f"backend {backend!r} needs a CUDA device, got {self.device}")
-        self.validate = validate
-        self.cache_dir = configure_compile_cache(cache_dir) if cache_dir is not None else None
-        self.batch_size = batch_size
-        self.captures = 0  # CUDA graphs captured by this predictor
-        self.warmup_seconds: dict[int, float] = {}  # per bucket, the last warmup's time (compile + capture)
-        self._modes: dict[str, _Mode] = {}  # "images" and/or "frames"
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        self._lo, self._hi = torch.empty(2), torch.empty(2)  # the host check's min and max, made once
-        if backend == "aoti":
-            self._init_aoti(packages)
-        else:
-            self._init_model(model, dtype, switches)
-            if buckets is not None:  # another ladder (the benchmark's dense rows: one bucket of Q)
-                self.buckets = tuple(sorted(int(b) for b in buckets))
+    def __init__(self, model, device=None, dtype: torch.dtype | None = None, fast: bool | Recipe = True,
+                 batch_size: int | None = None, color: str | None = None,
+                 cache_dir: str | os.PathLike | None = None, validate: bool = True):
+        if model is None or not hasattr(model, "forward_packed"):
+            raise ValueError("Predictor(model, ...) takes a DepthPack model; for an export use "
+                             "Predictor.from_packages(DIR/manifest.json)")
+        if not isinstance(fast, (bool, Recipe)):
+            raise ValueError(f"fast must be True, False or a depthpack.core.fast.Recipe, got {fast!r}")
+        self._setup(device, batch_size, color, validate, cache_dir)
+        if isinstance(fast, Recipe) and fast.graph and self.device.type != "cuda":
+            raise ValueError(f"a recipe with CUDA graphs needs a CUDA device, got {self.device}")
+        self._fast, self._source = fast, model
+        if dtype is None:
+            dtype = torch.bfloat16 if fast is True and self.device.type == "cuda" else next(model.parameters()).dtype
+        self.dtype = dtype
+        cfg = model.cfg
+        self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
+        self.uses_focal, self.frame_packages, self.manifest = cfg.uses_focal, None, None
+        self.recipe = self._recipe_for(batch_size) if batch_size is not None or fast is not True else None
+        self.model = None  # the deployed copy, made with the recipe once the batch size is known
 
     @classmethod
     def from_packages(cls, manifest, device=None, color: str | None = None, validate: bool = True) -> "Predictor":
-        """A Predictor over an export folder's packages (DIR/manifest.json)."""
-        return cls(None, device=device, backend="aoti", packages=manifest, color=color, validate=validate)
-
-    # ---- setup ----------------------------------------------------------------------------------
-    def _init_model(self, model, dtype, switches) -> None:
-        model = copy.deepcopy(model).to(self.device).eval()  # the caller's model stays as it was
-        if dtype is not None:
-            model = model.to(dtype)  # selection priorities and offset frequencies stay exact (int buffers)
-        model.set_switches(**(switches or {}))
-        self.model = model
-        self.dtype = dtype or next(model.parameters()).dtype
-        cfg = model.cfg
-        self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
-        self.manifest, self.frame_packages = None, None
-        self.uses_focal = cfg.uses_focal
-        self._core = {"packed": model.forward_packed, "masked": model.forward_masked_core,
-                      "dense": model.forward_dense_core}[self.path]
-
-    def _init_aoti(self, packages) -> None:
-        if packages is None:
-            raise ValueError("backend 'aoti' needs packages=DIR/manifest.json")
+        """A Predictor over an export folder's packages (DIR/manifest.json), loaded and checked now."""
         from .aoti import load_runners
 
-        manifest, runners = load_runners(str(packages), self.device)
-        self.model, self.manifest = None, manifest
+        self = cls.__new__(cls)
+        self._setup(device, None, color, validate, None)
+        manifest, runners = load_runners(str(manifest), self.device)
+        self.model, self.manifest, self._source, self._fast = None, manifest, None, None
         self.dtype = getattr(torch, manifest["dtype"])
         self.patch_size = int(manifest["patch_size"])
         self.image_size = tuple(int(s) for s in manifest["image_size"])
         self.buckets = tuple(sorted(int(k) for k in runners))
-        mb = int(manifest["batch_size"])
-        if self.batch_size is not None and self.batch_size != mb:
-            raise ValueError(f"the packages were exported for batch size {mb}, not {self.batch_size}")
-        self.batch_size = mb
+        self.batch_size = int(manifest["batch_size"])
         frame = manifest.get("frame")
         self.frame_packages = (tuple(frame["size"]), frame["color"]) if frame else None
         if self.frame_packages and self.color is None:
             self.color = self.frame_packages[1]
-        self._runners = runners
         self.uses_focal = manifest.get("focal") is not None  # the packages' third input
-        self._core = lambda inputs, points, k, *focal: self._runners[k](inputs, points, *focal)
+        self.recipe = Recipe(graph=self.device.type == "cuda")
+        self._core = lambda inputs, points, k, *focal: runners[k](inputs, points, *focal)
+        return self
+
+    def _setup(self, device, batch_size, color, validate: bool, cache_dir) -> None:
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if color is not None:
+            check_color(color)
+        self.device, self.batch_size, self.color, self.validate = _device(device), batch_size, color, validate
+        self.cache_dir = configure_compile_cache(cache_dir) if cache_dir is not None else None
+        self.captures = 0  # CUDA graphs captured by this predictor
+        self.warmup_seconds: dict[int, float] = {}  # per bucket, the last warmup's time (compile + capture)
+        self._modes: dict[str, _Mode] = {}  # "images" and/or "frames"
+        self._pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        self._lo, self._hi = torch.empty(2), torch.empty(2)  # the host check's min and max, made once
+        self._lock = threading.Lock()
+
+    # ---- setup ----------------------------------------------------------------------------------
+    def _recipe_for(self, batch: int | None) -> Recipe:
+        if self._fast is True:
+            return fast_recipe(self.device, batch or 1)
+        return REFERENCE if self._fast is False else self._fast
+
+    def _deploy(self, batch: int) -> None:
+        """The recipe for this batch size and the model's copy that runs it (model predictors, once)."""
+        if self.recipe is None:
+            self.recipe = self._recipe_for(batch)
+        if self.model is None and self._source is not None:
+            self.model = self._source.deployed(self.recipe, self.device, self.dtype)
+            self._core = self.model.forward_packed
 
     @property
     def static_batch(self) -> bool:
-        return self.backend != "eager"
+        """Fixed batch and input size: packages, a compiled forward or captured graphs."""
+        return self.manifest is not None or (self.recipe is not None and (self.recipe.compile or self.recipe.graph))
+
+    @property
+    def graphs(self) -> bool:
+        return self.recipe is not None and self.recipe.graph and self.device.type == "cuda"
 
     def _compiled(self, fn: Callable) -> Callable:
-        if self.backend not in ("compile", "compile+graph"):
+        if not self.recipe.compile:
             return fn
         _raise_recompile_limit()
-        if self.compile_backend != "inductor":
-            return torch.compile(fn, dynamic=False, fullgraph=True, backend=self.compile_backend)
-        if self.compile_options:  # torch.compile takes a mode or options: the mode's settings, then ours
-            from torch._inductor import list_mode_options
-            options = {**(list_mode_options(self.compile_mode) if self.compile_mode else {}), **self.compile_options}
-            return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
-        return torch.compile(fn, dynamic=False, fullgraph=True, mode=self.compile_mode)
+        if COMPILE_BACKEND != "inductor":
+            return torch.compile(fn, dynamic=False, fullgraph=True, backend=COMPILE_BACKEND)
+        return torch.compile(fn, dynamic=False, fullgraph=True, options=dict(self.recipe.inductor))
 
     def _function(self, kind: str, size: tuple[int, int], color: str | None) -> Callable:
         """fn(inputs, points, bucket[, focal]) -> depth [Bg,bucket]: preprocessing + the core, one graph;
@@ -312,9 +302,9 @@ class Predictor:
                                  + ": make one Predictor per camera (frame size)")
             return mode
         if batch.kind == "images" and batch.size != self.image_size:
-            raise ValueError(f"images are {batch.size[0]}x{batch.size[1]} but backend {self.backend!r} runs "
+            raise ValueError(f"images are {batch.size[0]}x{batch.size[1]} but this predictor's static graphs run "
                              f"{self.image_size[0]}x{self.image_size[1]}; pass uint8 frames (resized inside) or "
-                             f"use backend 'eager'")
+                             f"use fast=False")
         Bg = self.batch_size
         h, w = batch.size
         shape, dtype = ((Bg, h, w, 3), torch.uint8) if batch.kind == "frames" else ((Bg, 3, h, w), torch.float32)
@@ -334,14 +324,21 @@ class Predictor:
         """Compile and/or capture every bucket (or the given ones) at batch_size, for float images at
         the model's size or, with frame_size=(h, w), for uint8 frames of that size; returns the seconds
         each bucket took. The batch size (and the frame size) are fixed from here on."""
+        with self._lock:
+            return self._warmup(batch_size, buckets, frame_size, color)
+
+    def _warmup(self, batch_size, buckets, frame_size, color) -> dict[int, float]:
         bs = batch_size or self.batch_size or 1
-        if self._modes and bs != self.batch_size:
-            raise ValueError(f"this predictor is warmed up at batch size {self.batch_size}, not {bs}")
+        if (self._modes or self.manifest is not None) and bs != self.batch_size:
+            raise ValueError(f"this predictor runs batch size {self.batch_size}, not {bs}")
         self.batch_size = bs
+        self._deploy(bs)
         wanted = self.buckets if buckets is None else tuple(buckets)
         unknown = [k for k in wanted if k not in self.buckets]
         if unknown:
             raise ValueError(f"{unknown} are not buckets {self.buckets}")
+        if not self.static_batch:
+            return {}
         if frame_size is not None:
             h, w = frame_size
             probe = Batch("frames", torch.zeros(1, h, w, 3, dtype=torch.uint8), torch.zeros(1, 0, 2))
@@ -359,7 +356,7 @@ class Predictor:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 times[k] = self.warmup_seconds[k] = time.perf_counter() - t0
-        if times and self.cache_dir is not None and self.backend in ("compile", "compile+graph"):
+        if times and self.cache_dir is not None and self.recipe.compile:
             save_compile_cache(self.cache_dir)
         return times
 
@@ -372,8 +369,7 @@ class Predictor:
             st = mode.buckets[k] = _Bucket(_Staged((self.batch_size, k, 2), torch.float32, self.device))
             st.points.dev.copy_(torch.rand(self.batch_size, k, 2, generator=g) * torch.tensor([w - 1, h - 1]))
         if not self.graphs:
-            for _ in range(2 if self.inductor_graphs else 1):  # reduce-overhead records on its 2nd call
-                self._call(mode, k, st)
+            mode.fn(*self._args(mode, st, k))
             return st
         st.graph, st.out = capture(lambda: mode.fn(*self._args(mode, st, k)), pool=self._pool, device=self.device)
         self.captures += 1
@@ -383,11 +379,6 @@ class Predictor:
     def _args(mode: _Mode, st: _Bucket, k: int) -> tuple:
         """The function's static arguments: inputs, points, bucket[, focal]."""
         return (mode.inputs.dev, st.points.dev, k) + ((mode.focal.dev,) if mode.focal is not None else ())
-
-    def _call(self, mode: _Mode, k: int, st: _Bucket) -> torch.Tensor:
-        if self.inductor_graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        return mode.fn(*self._args(mode, st, k))
 
     # ---- predict --------------------------------------------------------------------------------
     def predict(self, inputs, points, out: torch.Tensor | None = None, color: str | None = None,
@@ -404,8 +395,8 @@ class Predictor:
         return self._predict(inputs, points, out, color, replay=True, focal=focal)
 
     def predict_uncaptured(self, inputs, points, out=None, color: str | None = None, focal=None) -> torch.Tensor:
-        """predict, calling the backend's function directly where predict would replay a captured
-        graph: the same kernels one by one, for profilers that count them."""
+        """predict, calling the function directly where predict would replay a captured graph: the same
+        kernels one by one, for profilers that count them."""
         return self._predict(inputs, points, out, color, replay=False, focal=focal)
 
     def _focal(self, focal, B: int) -> torch.Tensor | None:
@@ -429,12 +420,13 @@ class Predictor:
             raise ValueError(f"out must be float32 [{B},{Q}], got {out.dtype} {list(out.shape)}")
         if Q == 0 or B == 0:
             return out
-        with torch.inference_mode():
+        with self._lock, torch.inference_mode():
+            if self.batch_size is None:
+                self.batch_size = B if self._recipe_for(B).compile or self._recipe_for(B).graph else None
+            self._deploy(self.batch_size or B)
             if not self.static_batch:
                 self._predict_eager(batch, color, out, focal)
             else:
-                if self.batch_size is None:
-                    self.batch_size = B
                 self._predict_static(batch, color, out, replay, focal)
             if out.device.type == "cpu" and self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()
@@ -456,9 +448,8 @@ class Predictor:
                 mode.focal.dev[:n].zero_()
             for s, e, k in chunk_plan(Q, self.buckets):
                 st = mode.buckets.get(k)
-                if st is None or (self.graphs and st.graph is None):
-                    self.warmup(buckets=(k,), frame_size=mode.size if mode.kind == "frames" else None,
-                                color=mode.color)  # first use of this bucket (not steady state)
+                if st is None or (self.graphs and st.graph is None):  # first use of this bucket
+                    self._warmup(None, (k,), mode.size if mode.kind == "frames" else None, mode.color)
                     st = mode.buckets[k]
                 staged = st.points.load_points(batch.points[b0:b0 + n, s:e], n)
                 if self.validate and host_points:
@@ -467,7 +458,7 @@ class Predictor:
                     st.graph.replay()
                     res = st.out
                 else:
-                    res = self._call(mode, k, st)
+                    res = mode.fn(*self._args(mode, st, k))
                 out[b0:b0 + n, s:e].copy_(res[:n, : e - s], non_blocking=True)
 
     def _predict_eager(self, batch: Batch, color, out: torch.Tensor, focal: torch.Tensor | None) -> None:
@@ -503,12 +494,11 @@ class Predictor:
         return bucket_for(q, self.buckets)
 
     def describe(self) -> dict:
-        return dict(backend=self.backend, path=self.path, device=str(self.device),
+        return dict(source="packages" if self.manifest is not None else "model", device=str(self.device),
                     dtype=str(self.dtype).replace("torch.", ""), batch_size=self.batch_size, buckets=list(self.buckets),
-                    compile_mode=self.compile_mode, compile_options=self.compile_options, captures=self.captures,
-                    color=self.color, inputs=[m.describe() for m in self._modes.values()], focal_input=self.uses_focal,
-                    switches=self.model.switches() if self.model is not None else None,
-                    warmup_seconds={str(k): round(v, 3) for k, v in self.warmup_seconds.items()})
+                    recipe=self.recipe.describe() if self.recipe is not None else "fast (chosen at the first call)",
+                    captures=self.captures, color=self.color, inputs=[m.describe() for m in self._modes.values()],
+                    focal_input=self.uses_focal, warmup_seconds={str(k): round(v, 3) for k, v in self.warmup_seconds.items()})
 
     def __repr__(self) -> str:
         return f"Predictor({json.dumps(self.describe())})"

@@ -28,7 +28,6 @@ CHOICES = {  # per flag: None (flag absent) and a mix of valid and invalid value
     "--seconds": [None, "0.01", "0.01", "0", "-1", "inf", "nan", "x"],
     "--sets": [None, "1", "0"],
     "--rows": [None, "packed-eager", "packed-eager", "packed-graph", "none", "nope", "dense-eager,packed-eager"],
-    "--merge-from": [None, None, None, "/nonexistent/bench_out"],
 }
 argvs = st.fixed_dictionaries({flag: st.sampled_from(vals) for flag, vals in CHOICES.items()}).map(
     lambda d: [x for flag, v in d.items() if v is not None for x in (flag, v)])
@@ -64,7 +63,7 @@ def test_arguments_parse_to_a_sane_plan_or_one_line(argv):
         _refused_with_one_line(rc, err)
         return
     args = rc  # the parsed plan: something to measure, every number and name sane
-    assert args.rows or args.merge_from or args.compile_time
+    assert args.rows or args.compile_time
     assert args.rows or "--rows" in argv
     assert all(r in ROWS for r in args.rows)
     assert min(args.batch) >= 1 and min(args.queries) >= 1 and args.repeats >= 1 and args.sets >= 1

@@ -306,23 +306,20 @@ def test_head_position_term_keeps_the_paths_equal():
         assert (plain.forward_dense(img, ipts) - off).abs().max() > 1e-3  # the term is really there
 
 
-@pytest.mark.parametrize("switches,tol", [({"selection": "count"}, 1e-5), ({"mlp_epilogue": True}, 2e-3),
-                                          ({"selection": "count", "mlp_epilogue": True}, 2e-3)])
-def test_fast_path_switches_equal_the_plain_path(tiny, switches, tol):
-    """Each fast path computes the plain path's function on fresh random inputs: the counting
+@pytest.mark.parametrize("kernels,tol", [({"selection": "count"}, 1e-5), ({"gelu_epilogue": True}, 2e-3),
+                                         ({"selection": "count", "gelu_epilogue": True}, 2e-3)])
+def test_recipe_kernels_equal_the_plain_path(tiny, kernels, tol):
+    """Each kernel of the fast recipe computes the plain path's function on fresh random inputs: the counting
     selection exactly the same set (float32 rounding in attention's key order), the GELU epilogue within
-    its tanh approximation; switched off again, the model is the plain one, its state dict unchanged."""
-    import copy
+    its tanh approximation; the deployed copy keeps the state dict's keys and the caller's model is plain."""
+    from depthpack.core.fast import Recipe
 
-    fast = copy.deepcopy(tiny).set_switches(**switches)
-    assert set(fast.state_dict()) == set(tiny.state_dict())
+    fast = tiny.deployed(Recipe(**kernels))
+    assert set(fast.state_dict()) == set(tiny.state_dict()) and tiny.recipe == Recipe()
     for seed in range(3):
         img, pts = rand_inputs(40 + seed, 2, 37)
         with torch.no_grad():
             torch.testing.assert_close(fast(img, pts), tiny(img, pts), rtol=tol, atol=tol)
             torch.testing.assert_close(fast.forward_dense(img, pts), tiny.forward_dense(img, pts), rtol=tol, atol=tol)
-    fast.set_switches(selection="topk", mlp_epilogue=False)
-    with torch.no_grad():
-        torch.testing.assert_close(fast(img, pts), tiny(img, pts), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="unknown switch selection='sort'"):
-        fast.set_switches(selection="sort")
+    with pytest.raises(ValueError, match="recipe selection 'sort'"):
+        Recipe(selection="sort")

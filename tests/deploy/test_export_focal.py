@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+
+from conftest import with_buckets
 from safetensors.torch import load_file
 
 from depthpack.deploy.contract import FOCAL_UNITS, read_manifest
@@ -115,8 +117,8 @@ def test_predictor_over_focal_packages_equals_the_eager_predictor(frames_export)
     from depthpack.runtime.predictor import Predictor
 
     manifest = str(frames_export.out / "manifest.json")
-    packaged = Predictor(None, device="cpu", backend="aoti", packages=manifest)
-    eager = Predictor(frames_export.model, device="cpu", backend="eager", color="bgr", buckets=(8,))
+    packaged = Predictor.from_packages(manifest, device="cpu")
+    eager = Predictor(with_buckets(frames_export.model, (8,)), device="cpu", fast=False, color="bgr")
     assert packaged.uses_focal and eager.uses_focal
     rng = np.random.default_rng(0)
     frame = rng.integers(0, 256, (*FRAME, 3), dtype=np.uint8)

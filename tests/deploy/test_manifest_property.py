@@ -140,7 +140,7 @@ def _check(tmp_path_factory, doc) -> None:
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from([None, {"size": [48, 80], "color": "bgr"}]), edits, st.sampled_from([None, FOCAL]))
-@example(None, [(("buckets", 0, "sha256"), "drop", None)], None)  # the KeyError in Predictor(backend="aoti")
+@example(None, [(("buckets", 0, "sha256"), "drop", None)], None)  # a KeyError once, in Predictor.from_packages
 @example(None, [(("torch_version",), "set", 5)], None)
 @example(None, [(("buckets", 0, "inputs"), "set", 5)], None)
 @example(None, [(("reference", "file"), "set", "../../etc/passwd")], None)
@@ -200,4 +200,4 @@ def test_predictor_aoti_with_a_bucket_without_sha256_is_one_manifest_error(tmp_p
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match=r"buckets\[0\]: missing keys \['sha256'\]"):
-        Predictor(backend="aoti", packages=path, device="cpu")
+        Predictor.from_packages(path, device="cpu")

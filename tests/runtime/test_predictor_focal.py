@@ -1,5 +1,5 @@
 """Predictor's focal input: equal to the model's forward with the same focal (eager and a static,
-compiled backend), frames' focal scaled from frame pixels like their points, no recompile when the
+compiled recipe), frames' focal scaled from frame pixels like their points, no recompile when the
 focal changes, one clear ValueError for a bad focal, and a model without a focal input ignoring it."""
 import numpy as np
 import pytest
@@ -8,16 +8,23 @@ import torch
 from conftest import randomize_
 from depthpack import create_model
 from depthpack.core.preprocess import frames_to_images, scale_focal, scale_points
+from depthpack.core.fast import Recipe
 from depthpack.runtime.predictor import Predictor, compile_counter
 
 FOCAL = dict(canonical_focal=48.0, focal_default=40.0)
 MODEL = randomize_(create_model("tiny", buckets=(8, 16), **FOCAL), 3).eval()
 PLAIN = randomize_(create_model("tiny", buckets=(8, 16)), 3).eval()
 BACKENDS = ["eager", "compile"]  # compile: a static function of staged inputs (aot_eager on the CPU)
+RECIPES = {"eager": False, "compile": Recipe(compile=True)}
+
+
+@pytest.fixture(autouse=True)
+def _cpu_compile(aot_eager):
+    """Every compiled predictor here runs under aot_eager (the conftest fixture)."""
 
 
 def _predictor(model, backend, **kw):
-    return Predictor(model, device="cpu", backend=backend, compile_backend="aot_eager", **kw)
+    return Predictor(model, device="cpu", fast=RECIPES[backend], **kw)
 
 
 def _inputs(B, Q, g):
@@ -103,14 +110,15 @@ def test_model_without_focal_input_ignores_it(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["graph", "compile+graph"])
+@pytest.mark.parametrize("backend", ["graph", "fast"])
 def test_gpu_focal_in_the_captured_graph(backend):
     """On CUDA the focal is a staged input of the captured graph: a new focal per call (number, list,
     [B] tensor; frames and images) equals the model's forward with it, with no recapture."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = randomize_(create_model("tiny", buckets=(8, 16), **FOCAL), 3).eval().cuda()
-    pred = Predictor(model, device="cuda", backend=backend, batch_size=2, color="bgr")
+    pred = Predictor(model, device="cuda", dtype=torch.float32, fast=Recipe(graph=True) if backend == "graph" else True,
+                     batch_size=2, color="bgr")
     g = torch.Generator().manual_seed(7)
     h, w = 48, 80
     for i in range(5):

@@ -1,0 +1,63 @@
+"""The fast recipe: how the packed forward runs, named once for the Predictor, the export and the benchmark.
+
+    recipe = fast_recipe("cuda", batch=1)   # what Predictor(model, device="cuda") and the export use
+    REFERENCE                               # the plain model, eagerly: what every fast path is tested against
+
+A Recipe is a set of measured winners (docs/performance.md has each one's figure and the ones that lost):
+    compile        torch.compile(fullgraph, static shapes) with Inductor options `inductor`
+    graph          one CUDA graph per bucket and input kind, replayed
+    selection      "count": the packed selection by counting (core.packing), instead of torch.topk
+    gelu_epilogue  fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue (tanh GELU)
+    blocks         "hybrid": attention + projection + residual and fc2 + residual as two Triton kernels a
+                   block (kernels.vit_block), the rest left to Inductor and cuBLAS; "timm": timm's blocks
+The hybrid blocks win at batch 1 and lose at batch 8 on the H200, so the recipe depends on the batch.
+On a CPU the recipe is the reference: nothing was measured to beat it there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+SELECTIONS = ("topk", "count")
+BLOCKS = ("timm", "hybrid")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    compile: bool = False
+    graph: bool = False
+    selection: str = "topk"
+    gelu_epilogue: bool = False
+    blocks: str = "timm"
+    inductor: tuple[tuple[str, Any], ...] = ()  # Inductor options as (name, value) pairs
+
+    def __post_init__(self) -> None:
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"recipe selection {self.selection!r}: choose one of {', '.join(SELECTIONS)}")
+        if self.blocks not in BLOCKS:
+            raise ValueError(f"recipe blocks {self.blocks!r}: choose one of {', '.join(BLOCKS)}")
+
+    @property
+    def kernels(self) -> dict[str, Any]:
+        """What the model itself runs (the rest is how the runtime compiles and replays it)."""
+        return dict(selection=self.selection, gelu_epilogue=self.gelu_epilogue, blocks=self.blocks)
+
+    def describe(self) -> dict[str, Any]:
+        return dict(compile=self.compile, graph=self.graph, **self.kernels, inductor=dict(self.inductor))
+
+
+REFERENCE = Recipe()
+
+
+def fast_recipe(device: Any, batch: int = 1) -> Recipe:
+    """The fastest measured recipe for this device ("cuda", "cpu", a torch.device) and batch size."""
+    kind = getattr(device, "type", str(device).split(":")[0])
+    if kind != "cuda":
+        return REFERENCE
+    return Recipe(compile=True, graph=True, selection="count", gelu_epilogue=True,
+                  blocks="hybrid" if batch == 1 else "timm", inductor=(("combo_kernels", True),))
+
+
+def without_runtime(recipe: Recipe) -> Recipe:
+    """The recipe's model kernels alone: eager, no graph (a parity reference for the compiled forms)."""
+    return replace(recipe, compile=False, graph=False, inductor=())
