@@ -8,6 +8,25 @@
 #include "io.h"
 
 namespace depthpack {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s, bool rows_n) {
+  std::string out = "[";
+  for (size_t k = 0; k < s.size(); ++k) out += (k ? "," : "") + (k == 0 && rows_n ? "N" : std::to_string(s[k]));
+  return out + "]";
+}
+
+}  // namespace
+
+std::string input_mismatch(const io::Tensor& t, const Manifest& m) {
+  const bool frames = m.takes_frames();
+  const std::vector<int64_t> want = frames ? std::vector<int64_t>{0, m.frame_h, m.frame_w, 3} : std::vector<int64_t>{0, 3, m.H, m.W};
+  if (t.dtype != (frames ? "U8" : "F32"))
+    return "dtype " + t.dtype + ", the packages take " + (frames ? "U8 (uint8 frames)" : "F32 (float32 RGB in [0,1])");
+  if (t.shape.size() != 4 || !std::equal(t.shape.begin() + 1, t.shape.end(), want.begin() + 1))
+    return "shape " + shape_str(t.shape, false) + ", the packages take " + shape_str(want, true);
+  return "";
+}
 
 Check check_reference(Runner& r, const std::string& path) {
   const Manifest& m = r.manifest();
@@ -15,10 +34,11 @@ Check check_reference(Runner& r, const std::string& path) {
   io::Safetensors ref(path);
   io::Tensor image = ref.get(frames ? "frames" : "images"), points = ref.get("points"), want = ref.get("depth");
   const int64_t B = m.batch;
-  const std::vector<int64_t> item = frames ? std::vector<int64_t>{m.frame_h, m.frame_w, 3} : std::vector<int64_t>{3, m.H, m.W};
-  if (image.shape.size() != 4 || image.shape[0] < B || std::vector<int64_t>(image.shape.begin() + 1, image.shape.end()) != item ||
-      image.dtype != (frames ? "U8" : "F32"))
-    throw Error("check " + path + ": its " + (frames ? "frames" : "images") + " do not fit the manifest");
+  if (const std::string why = input_mismatch(image, m); !why.empty())
+    throw Error("check " + path + ": its " + (frames ? "frames" : "images") + " do not fit the packages: " + why);
+  if (image.shape[0] < B)
+    throw Error("check " + path + ": its " + (frames ? "frames" : "images") + " hold " + std::to_string(image.shape[0]) +
+                " rows, the packages' batch is " + std::to_string(B));
   if (points.dtype != "F32" || want.dtype != "F32" || points.shape.size() != 3 || points.shape[0] < B || points.shape[2] != 2 ||
       want.shape != std::vector<int64_t>{points.shape[0], points.shape[1]})
     throw Error("check " + path + ": points / depth malformed");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "io.h"
 #include "runner.h"
 
 namespace depthpack {
@@ -19,5 +20,10 @@ struct Check {
 // float32 [>=B,Q,2], "depth" float32 [>=B,Q], optionally "focal" float32 [>=B] (one value in the
 // first B rows; fed to packages with a focal input, else the manifest's default); the first B rows are used.
 Check check_reference(Runner& runner, const std::string& path);
+
+// "" when a tensor file's images (frame packages: frames) fit the packages' input but for the
+// number of rows, else what differs: "dtype U8, the packages take F32 (float32 RGB in [0,1])" or
+// "shape [1,3,32,32], the packages take [N,3,64,64]".
+std::string input_mismatch(const io::Tensor& t, const Manifest& m);
 
 }  // namespace depthpack

@@ -3,14 +3,15 @@
 // the export's reference file.
 //
 // Assumes: a folder written by export/export.py (manifest.json "depthpack-manifest/3" beside one
-// AOTInductor package per bucket and, unless the manifest's "weights" is null, the weights file
-// they share) built for this machine's CPU architecture, GPU compute capability and libtorch
-// major.minor (all checked); trusted packages: a .pt2 holds native code, and the sha256 checks
-// only prove a file is the one the manifest names. Any error: one line on
-// stderr, "depthpack_run: error: ...", exit code 1.
+// AOTInductor package per bucket and the weights file they share) built for this machine's CPU
+// architecture, GPU compute capability and libtorch major.minor (all checked); trusted packages: a
+// .pt2 holds native code, and the sha256 checks only prove a file is the one the manifest names.
+// Any error: one line on stderr, "depthpack_run: error: ...", exit code 1. --out never writes over
+// an input or into the export folder.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -41,13 +42,15 @@ INPUT is one of
 options
   --points PATH       CSV, one "x,y" per line in the frame's pixels; optional header "x,y"; blank
                       lines ignored; the same points for every frame
-  --out PATH          the depths as CSV, "x,y,depth" (frame loops: "frame,x,y,depth"); default stdout
+  --out PATH          the depths as CSV, "x,y,depth" (frame loops: "frame,x,y,depth"); default
+                      stdout; never an input, nor a file of the export folder
   --focal F           the camera's focal length sqrt(fx*fy) in the input's pixels, > 0 (default:
                       the manifest's "focal" default); packages without a focal input ignore it
                       (one warning line)
   --bench N           time N runs of each bucket used; median and p90 latency (ms)
   --no-graph          on CUDA, run the packages directly instead of replaying CUDA graphs
   --device-index I    CUDA device (default 0)
+  --version           what this build has: libtorch, CUDA, OpenCV (image files), videoio
   --help              this text
 Reports (check, bench, frame latency) go to stderr. Frame loops skip a frame that cannot be read
 (named on stderr) and go on; the exit code is then 1.
@@ -83,6 +86,7 @@ Args parse_args(int argc, char** argv) {
   for (int k = 1; k < argc; ++k) {
     std::string f = argv[k];
     if (f == "--help" || f == "-h") { std::cout << kUsage; std::exit(0); }
+    else if (f == "--version") { std::cout << "depthpack_run " << depthpack::build_info() << "\n"; std::exit(0); }
     else if (f == "--manifest") a.manifest = value(k);
     else if (f == "--image") a.image = value(k);
     else if (f == "--points") a.points = value(k);
@@ -116,6 +120,24 @@ Args parse_args(int argc, char** argv) {
   if ((loops || !a.image.empty()) && a.points.empty()) throw Error("--points is required with --image, --video, --images and --raw");
   if (a.raw.empty() != !a.frame_w) throw Error("--raw and --frame-size WxH go together");
   return a;
+}
+
+// --out must not write over an input (the same file, by any path or link) nor into the export
+// folder (its manifest, packages, weights, references): a typo there would destroy the export.
+void check_out(const Args& a) {
+  namespace fs = std::filesystem;
+  if (a.out.empty()) return;
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(a.out, ec), ec);
+  auto folder = [&](const std::string& p) { return fs::weakly_canonical(fs::absolute(p, ec), ec); };
+  if (out.parent_path() == folder(a.manifest).parent_path())
+    throw Error("--out " + a.out + ": is in the export folder " + folder(a.manifest).parent_path().string() +
+                " (its manifest, packages and weights); write the depths elsewhere");
+  if (!a.images.empty() && out.parent_path() == folder(a.images))
+    throw Error("--out " + a.out + ": is in the --images folder " + a.images + "; write the depths elsewhere");
+  for (const std::string& in : {a.manifest, a.image, a.points, a.check, a.video, a.raw})
+    if (!in.empty() && in != "-" && (folder(in) == out || fs::equivalent(in, a.out, ec)))
+      throw Error("--out " + a.out + ": is the input " + in + "; write the depths elsewhere");
 }
 
 std::ostream& output(const Args& a, std::ofstream& file) {
@@ -154,11 +176,14 @@ void predict_image(depthpack::Runner& r, const Args& a) {
   depthpack::io::Points pts = depthpack::io::read_points(a.points);
   std::vector<float> depth(pts.xy.size() / 2);
   if (a.image.size() > 12 && a.image.ends_with(".safetensors")) {
-    auto t = depthpack::io::Safetensors(a.image).get(m.takes_frames() ? "frames" : "images");
+    const std::string name = m.takes_frames() ? "frames" : "images";
+    auto t = depthpack::io::Safetensors(a.image).get(name);
     const int64_t h = m.takes_frames() ? m.frame_h : m.H, w = m.takes_frames() ? m.frame_w : m.W;
-    std::vector<int64_t> item = m.takes_frames() ? std::vector<int64_t>{h, w, 3} : std::vector<int64_t>{3, h, w};
-    if (t.shape.size() != 4 || t.shape[0] < 1 || std::vector<int64_t>(t.shape.begin() + 1, t.shape.end()) != item)
-      throw Error("image " + a.image + ": the tensor does not fit the packages' input (tensor files are not resized)");
+    if (const std::string why = depthpack::input_mismatch(t, m); !why.empty())
+      throw Error("image " + a.image + ": tensor \"" + name + "\" has " + why + " (tensor files are not resized)");
+    if (t.shape[0] != 1)  // one image, one CSV: a batch would be answered for its first row only
+      throw Error("image " + a.image + ": tensor \"" + name + "\" holds " + std::to_string(t.shape[0]) +
+                  " images; --image takes one (shape [1,...]); --check REF runs a reference's batch");
     if (!m.takes_frames()) depthpack::io::check_unit_range(t.f32, "image " + a.image);
     depthpack::io::check_points(pts, a.points, h, w);
     r.predict_inputs(m.takes_frames() ? (const void*)t.u8.data() : t.f32.data(), 1, pts.xy.data(), pts.size(), depth.data(), a.focal);
@@ -228,6 +253,7 @@ int frame_loop(depthpack::Runner& r, const Args& a) {
 
 int run_main(int argc, char** argv) {
   const Args a = parse_args(argc, argv);
+  check_out(a);
   depthpack::Runner runner(a.manifest, {a.device_index, a.graph});
   if (a.focal && !runner.manifest().has_input("focal"))
     std::fprintf(stderr, "depthpack_run: warning: --focal ignored: these packages take no focal input (a model without canonical_focal)\n");

@@ -23,9 +23,9 @@ class RawSource : public FrameSource {
   RawSource(const fs::path& path, int64_t h, int64_t w) : path_(path), h_(h), w_(w), buf_(size_t(h) * size_t(w) * 3) {
     std::error_code ec;
     if (path == "-") f_ = stdin;
-    else if (fs::is_directory(path, ec)) throw Error("--raw " + path.string() + ": is a directory");
+    else if (fs::is_directory(path, ec)) throw Error("raw frames " + path.string() + ": is a directory");
     else if (!(f_ = std::fopen(path.c_str(), "rb")))
-      throw Error("--raw " + path.string() + ": cannot be read (" + std::strerror(errno) + ")");
+      throw Error("raw frames " + path.string() + ": cannot be read (" + std::strerror(errno) + ")");
   }
   ~RawSource() override {
     if (f_ && f_ != stdin) std::fclose(f_);

@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <tuple>
 
-#include "mini_json.h"
+#include <openssl/evp.h>
 
 #ifdef DEPTHPACK_WITH_OPENCV
 #include <opencv2/imgcodecs.hpp>
@@ -21,19 +24,21 @@
 namespace depthpack::io {
 namespace {
 
-using minijson::Value;
-
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
+// A decimal number as Python's float() reads it (strtod would also take hex such as 0x1p3)
 bool parse_number(const std::string& s, double& out) {
-  if (s.empty()) return false;
+  if (s.empty() || s.find_first_of("xX") != std::string::npos) return false;
   char* end = nullptr;
   out = std::strtod(s.c_str(), &end);
   return end == s.c_str() + s.size();
 }
+
+// Text of a file quoted in a message: its first 80 bytes (Error escapes control characters)
+std::string clip(const std::string& s) { return s.size() > 80 ? s.substr(0, 80) + "..." : s; }
 
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
@@ -42,6 +47,13 @@ const char* file_kind(mode_t mode) {
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";
   return "not a regular file";
+}
+
+std::string hex(const unsigned char* md, unsigned int n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned int k = 0; k < n; ++k) out += digits[md[k] >> 4], out += digits[md[k] & 15];
+  return out;
 }
 
 // Silences stderr (libpng and libjpeg print their own complaints) for the life of the object.
@@ -87,8 +99,57 @@ std::string read_file(const fs::path& path, const std::string& what, uint64_t ca
   return out;
 }
 
-Points read_points(const fs::path& path) {
-  std::istringstream in(read_file(path, "points", kPointsCap));
+Json parse_json(std::string_view text, const std::string& where) {
+  // nlohmann takes the last of duplicate keys: refused here, as other readers may take the first
+  std::vector<std::set<std::string>> keys;  // of each object being read
+  auto strict = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth > 64) throw Error(where + ": invalid JSON: nested deeper than 64");
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    else if (event == Json::parse_event_t::object_end) keys.pop_back();
+    else if (event == Json::parse_event_t::key && !keys.back().insert(parsed.get<std::string>()).second)
+      throw Error(where + ": invalid JSON: duplicate key " + parsed.dump());
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), strict);
+  } catch (const Json::exception& e) {  // "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
+    const std::string what = e.what();
+    const size_t tag = what.find("] ");
+    throw Error(where + ": invalid JSON: " + (tag == std::string::npos ? what : what.substr(tag + 2)));
+  }
+}
+
+std::string sha256_hex(std::string_view bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (!EVP_Digest(bytes.data(), bytes.size(), md, &n, EVP_sha256(), nullptr)) throw Error("sha256: OpenSSL's EVP_Digest failed");
+  return hex(md, n);
+}
+
+std::string sha256_file(const fs::path& path, const std::string& what) {
+  const std::string w = what + " " + path.string() + ": cannot be read";
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(w + " (" + std::strerror(errno) + ")");
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  for (ssize_t n; ok && (n = ::read(fd, buf.data(), buf.size())) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0 && EVP_DigestUpdate(ctx, buf.data(), size_t(n));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  ok = ok && EVP_DigestFinal_ex(ctx, md, &len);
+  EVP_MD_CTX_free(ctx);
+  close(fd);
+  if (!ok) throw Error(w + " (a read error, or OpenSSL failed)");
+  return hex(md, len);
+}
+
+Points read_points(const fs::path& path) { return parse_points(read_file(path, "points", kPointsCap), path); }
+
+Points parse_points(const std::string& text, const fs::path& path) {
+  std::istringstream in(text);
   Points p;
   std::string line;
   bool seen_data = false;
@@ -102,8 +163,9 @@ Points read_points(const fs::path& path) {
     seen_data = true;
     double x, y;
     if (comma == std::string::npos || !parse_number(sx, x) || !parse_number(sy, y))
-      throw Error(where + ": expected \"x,y\" (two numbers), got \"" + line + "\"");
+      throw Error(where + ": expected \"x,y\" (two numbers), got \"" + clip(line) + "\"");
     if (!std::isfinite(x) || !std::isfinite(y)) throw Error(where + ": point is not finite");
+    if (std::abs(x) > FLT_MAX || std::abs(y) > FLT_MAX) throw Error(where + ": point is beyond float32's range");
     p.text.emplace_back(sx, sy);
     p.xy.push_back(float(x)), p.xy.push_back(float(y));
     p.line.push_back(n);
@@ -127,38 +189,32 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-std::pair<Value, uint64_t> safetensors_header(const std::string& bytes, const std::string& where) {
+std::pair<Json, uint64_t> safetensors_header(const std::string& bytes, const std::string& where) {
   if (bytes.size() < 8) throw Error(where + ": too short for a safetensors file");
   uint64_t n = 0;
   for (int k = 7; k >= 0; --k) n = (n << 8) | uint8_t(bytes[k]);
   if (n > bytes.size() - 8) throw Error(where + ": header length " + std::to_string(n) + " exceeds the file");
-  Value header;
-  try {
-    header = minijson::parse(bytes.substr(8, n));
-  } catch (const std::runtime_error& e) {
-    throw Error(where + ": header: " + e.what());
-  }
-  if (header.kind != Value::Kind::Object) throw Error(where + ": header: not a JSON object");
+  if (n > kHeaderCap) throw Error(where + ": header length " + std::to_string(n) + " is more than the format's 100 MiB");
+  Json header = parse_json(std::string_view(bytes).substr(8, n), where + ": header");
+  if (!header.is_object()) throw Error(where + ": header: not a JSON object");
   return {std::move(header), 8 + n};
 }
 
-TensorSlice safetensors_slice(const Value& entry, const std::string& where, uint64_t avail,
+TensorSlice safetensors_slice(const Json& entry, const std::string& where, uint64_t avail,
                               uint64_t (*item_size)(const std::string& dtype), const std::string& allowed) {
-  const Value* dtype = entry.kind == Value::Kind::Object ? entry.find("dtype") : nullptr;
-  const uint64_t item = dtype && dtype->kind == Value::Kind::String ? item_size(dtype->string) : 0;
+  const Json* dtype = entry.is_object() && entry.contains("dtype") ? &entry["dtype"] : nullptr;
+  const uint64_t item = dtype && dtype->is_string() ? item_size(dtype->get<std::string>()) : 0;
   if (!item) throw Error(where + ": dtype must be " + allowed);
   auto ints = [&](const char* key) {
-    const Value* v = entry.find(key);
     std::vector<int64_t> r;
-    if (!v || v->kind != Value::Kind::Array) throw Error(where + ": malformed shape or data_offsets");
-    for (const Value& x : v->array) {
-      if (x.kind != Value::Kind::Number || x.number < 0 || x.number != std::floor(x.number) || x.number > 1e12)
-        throw Error(where + ": malformed shape or data_offsets");
-      r.push_back(int64_t(x.number));
+    if (!entry.contains(key) || !entry[key].is_array()) throw Error(where + ": malformed shape or data_offsets");
+    for (const Json& x : entry[key]) {
+      if (!x.is_number_unsigned() || x.get<uint64_t>() > uint64_t(1e12)) throw Error(where + ": malformed shape or data_offsets");
+      r.push_back(int64_t(x.get<uint64_t>()));
     }
     return r;
   };
-  TensorSlice out{dtype->string, ints("shape"), 0, 0};
+  TensorSlice out{dtype->get<std::string>(), ints("shape"), 0, 0};
   const std::vector<int64_t> o = ints("data_offsets");
   uint64_t numel = 1;  // saturates above the data area: no overflow, and then no match below
   for (int64_t s : out.shape) numel = s && numel > (avail + 1) / uint64_t(s) ? avail + 1 : numel * uint64_t(s);
@@ -169,18 +225,20 @@ TensorSlice safetensors_slice(const Value& entry, const std::string& where, uint
   return out;
 }
 
-Safetensors::Safetensors(const fs::path& path) : path_(path), bytes_(read_file(path, "safetensors", kImageCap)) {
-  std::tie(header_, data_start_) = safetensors_header(bytes_, "safetensors " + path.string());
+Safetensors::Safetensors(const fs::path& path)
+    : Safetensors(read_file(path, "safetensors", kImageCap), "safetensors " + path.string()) {}
+
+Safetensors::Safetensors(std::string bytes, const std::string& where) : where_(where), bytes_(std::move(bytes)) {
+  std::tie(header_, data_start_) = safetensors_header(bytes_, where_);
 }
 
-bool Safetensors::has(const std::string& name) const { return header_.find(name) != nullptr; }
+bool Safetensors::has(const std::string& name) const { return header_.contains(name); }
 
 Tensor Safetensors::get(const std::string& name) const {
-  const std::string w = "safetensors " + path_.string() + ": tensor \"" + name + "\"";
-  const Value* t = header_.find(name);
-  if (!t || t->kind != Value::Kind::Object) throw Error(w + " is missing");
+  const std::string w = where_ + ": tensor \"" + name + "\"";
+  if (!header_.contains(name) || !header_[name].is_object()) throw Error(w + " is missing");
   auto f32_or_u8 = [](const std::string& d) -> uint64_t { return d == "F32" ? 4 : d == "U8" ? 1 : 0; };
-  const TensorSlice s = safetensors_slice(*t, w, bytes_.size() - data_start_, f32_or_u8, "F32 or U8");
+  const TensorSlice s = safetensors_slice(header_[name], w, bytes_.size() - data_start_, f32_or_u8, "F32 or U8");
   Tensor out{s.dtype, s.shape, {}, {}};
   const char* data = bytes_.data() + data_start_ + s.offset;
   if (s.dtype == "F32") out.f32.resize(s.size / 4), std::memcpy(out.f32.data(), data, s.size);
@@ -234,5 +292,18 @@ cv::Mat decode_image(const fs::path& path) {
   return bgr;
 }
 #endif
+
+std::string readers() {
+#ifdef DEPTHPACK_WITH_OPENCV
+  std::string out = "opencv=1";
+#else
+  std::string out = "opencv=0";
+#endif
+#ifdef DEPTHPACK_WITH_VIDEOIO
+  return out + " videoio=1";
+#else
+  return out + " videoio=0";
+#endif
+}
 
 }  // namespace depthpack::io

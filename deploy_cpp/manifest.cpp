@@ -2,39 +2,40 @@
 // the inputs by name that a runner building its input vector from the list needs.
 #include "manifest.h"
 
-#include <torch/version.h>
-
 #include <algorithm>
 #include <cmath>
 
 #include "io.h"
-#include "mini_json.h"
 
 namespace depthpack {
 namespace {
 
 namespace fs = std::filesystem;
-using minijson::Value;
+using Json = io::Json;
+using Kind = Json::value_t;
 
-const Value& need(const Value& obj, const std::string& key, Value::Kind kind, const std::string& where) {
-  static const char* names[] = {"null", "bool", "number", "string", "list", "object"};
-  if (obj.kind != Value::Kind::Object) throw Error(where + ": expected an object");
-  const Value* v = obj.find(key);
-  if (!v) throw Error(where + ": missing key \"" + key + "\"");
-  if (v->kind != kind) throw Error(where + ": \"" + key + "\" must be a " + names[int(kind)]);
-  return *v;
+// obj[key], which must exist and be of this kind (a number: integer or not)
+const Json& need(const Json& obj, const std::string& key, Kind kind, const std::string& where) {
+  if (!obj.is_object()) throw Error(where + ": expected an object");
+  if (!obj.contains(key)) throw Error(where + ": missing key \"" + key + "\"");
+  const Json& v = obj[key];
+  const bool ok = kind == Kind::number_float ? v.is_number() : v.type() == kind;
+  if (!ok) {
+    const char* name = kind == Kind::number_float ? "number" : kind == Kind::array ? "list" : Json(kind).type_name();
+    throw Error(where + ": \"" + key + "\" must be a " + name);
+  }
+  return v;
 }
 
-int64_t as_int(const Value& v, const std::string& where) {
-  if (v.kind != Value::Kind::Number || v.number != std::floor(v.number) || v.number < 0 || v.number > 1e12)
-    throw Error(where + ": expected a non-negative integer");
-  return int64_t(v.number);
+int64_t as_int(const Json& v, const std::string& where) {
+  if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(1e12)) throw Error(where + ": expected a non-negative integer");
+  return int64_t(v.get<uint64_t>());
 }
 
-std::vector<int64_t> int_list(const Value& v, const std::string& where) {
-  if (v.kind != Value::Kind::Array) throw Error(where + ": expected a list of integers");
+std::vector<int64_t> int_list(const Json& v, const std::string& where) {
+  if (!v.is_array()) throw Error(where + ": expected a list of integers");
   std::vector<int64_t> out;
-  for (const auto& x : v.array) out.push_back(as_int(x, where));
+  for (const Json& x : v) out.push_back(as_int(x, where));
   return out;
 }
 
@@ -53,12 +54,12 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-std::vector<TensorSpec> specs(const Value& list, const std::string& where) {
-  if (list.kind != Value::Kind::Array) throw Error(where + ": expected a list of tensors");
+std::vector<TensorSpec> specs(const Json& list, const std::string& where) {
+  if (!list.is_array()) throw Error(where + ": expected a list of tensors");
   std::vector<TensorSpec> out;
-  for (const Value& t : list.array)
-    out.push_back({need(t, "name", Value::Kind::String, where).string, need(t, "dtype", Value::Kind::String, where).string,
-                   int_list(need(t, "shape", Value::Kind::Array, where), where + ": shape")});
+  for (const Json& t : list)
+    out.push_back({need(t, "name", Kind::string, where).get<std::string>(), need(t, "dtype", Kind::string, where).get<std::string>(),
+                   int_list(need(t, "shape", Kind::array, where), where + ": shape")});
   return out;
 }
 
@@ -93,31 +94,25 @@ void check_inputs(const Manifest& m, const Bucket& b, const std::string& where) 
   if (first != names) throw Error(where + ": inputs " + describe(b.inputs) + " differ from those of the first bucket");
 }
 
-void read_optional(const Value& j, Manifest& m, const std::string& w) {
-  if (const Value* f = j.find("frame"); f && !f->is_null()) {
-    auto hw = int_list(need(*f, "size", Value::Kind::Array, w + ": frame"), w + ": frame: size");
-    if (hw.size() != 2 || hw[0] < 1 || hw[1] < 1) throw Error(w + ": frame: size must be [h, w]");
+void read_optional(const Json& j, Manifest& m, const std::string& w) {
+  if (j.contains("frame") && !j["frame"].is_null()) {
+    const Json& f = j["frame"];
+    auto hw = int_list(need(f, "size", Kind::array, w + ": frame"), w + ": frame: size");
+    if (hw.size() != 2 || hw[0] < 1 || hw[1] < 1 || hw[0] > 1 << 16 || hw[1] > 1 << 16)
+      throw Error(w + ": frame: size must be [h, w], each in [1, 65536]");
     m.frame_h = hw[0], m.frame_w = hw[1];
-    const std::string& color = need(*f, "color", Value::Kind::String, w + ": frame").string;
+    const std::string color = need(f, "color", Kind::string, w + ": frame").get<std::string>();
     if (color != "bgr" && color != "rgb") throw Error(w + ": frame: color must be \"bgr\" or \"rgb\", got \"" + color + "\"");
     m.frame_bgr = color == "bgr";
   }
-  if (const Value* f = j.find("focal"); f && !f->is_null()) {
-    const Value* d = f->kind == Value::Kind::Object ? f->find("default") : nullptr;
-    if (!d || (!d->is_null() && (d->kind != Value::Kind::Number || !(d->number > 0))))
-      throw Error(w + ": focal must be {\"default\": f} with f > 0 pixels, or null");
-    if (!d->is_null()) m.focal_default = float(d->number);
+  if (j.contains("focal") && !j["focal"].is_null()) {
+    const Json& f = j["focal"];
+    const Json* d = f.is_object() && f.contains("default") ? &f["default"] : nullptr;
+    // a float32 focal: finite and > 0 after the conversion too
+    if (!d || (!d->is_null() && (!d->is_number() || !(d->get<double>() > 0) || !(d->get<double>() < 1e7))))
+      throw Error(w + ": focal must be {\"default\": f} with 0 < f < 1e7 pixels, or null");
+    if (!d->is_null()) m.focal_default = float(d->get<double>());
   }
-}
-
-std::string this_arch() {
-#if defined(__x86_64__) || defined(_M_X64)
-  return "x86_64";
-#elif defined(__aarch64__) || defined(_M_ARM64)
-  return "aarch64";
-#else
-  return "unknown";
-#endif
 }
 
 }  // namespace
@@ -136,29 +131,21 @@ std::string describe(const std::vector<TensorSpec>& specs) {
 }
 
 std::vector<TensorSpec> parse_specs(const std::string& json, const std::string& where) {
-  try {
-    return specs(minijson::parse(json), where);
-  } catch (const std::runtime_error& e) {
-    throw Error(where + ": " + e.what());
-  }
+  return specs(io::parse_json(json, where), where);
 }
 
-Manifest read_manifest(const fs::path& path) {
+Manifest read_manifest(const fs::path& path) { return parse_manifest(io::read_file(path, "manifest", io::kManifestCap), path); }
+
+Manifest parse_manifest(const std::string& text, const fs::path& path) {
   const std::string w = "manifest " + path.string();
-  Value j;
-  try {
-    j = minijson::parse(io::read_file(path, "manifest", io::kManifestCap));
-  } catch (const Error&) {
-    throw;
-  } catch (const std::runtime_error& e) {
-    throw Error(w + ": " + e.what());
-  }
-  const Value* format = j.kind == Value::Kind::Object ? j.find("format") : nullptr;
-  if (!format || format->kind != Value::Kind::String || format->string != kFormat)
-    throw Error(w + ": not a " + kFormat + " manifest (format " + (format && format->kind == Value::Kind::String ? "\"" + format->string + "\"" : "missing") + "); re-export with this depthpack");
+  const Json j = io::parse_json(text, w);
+  const Json* format = j.is_object() && j.contains("format") ? &j["format"] : nullptr;
+  if (!format || !format->is_string() || *format != kFormat)
+    throw Error(w + ": not a " + kFormat + " manifest (format " + (format && format->is_string() ? format->dump() : "missing") +
+                "); re-export with this depthpack");
   std::vector<std::string> missing;
   for (const char* key : kRequiredKeys)
-    if (!j.find(key)) missing.push_back(std::string("\"") + key + "\"");
+    if (!j.contains(key)) missing.push_back(std::string("\"") + key + "\"");
   if (!missing.empty()) {
     std::string list;
     for (const auto& k : missing) list += (list.empty() ? "" : ", ") + k;
@@ -166,70 +153,72 @@ Manifest read_manifest(const fs::path& path) {
   }
   Manifest m;
   m.path = path;
-  auto hw = int_list(need(j, "image_size", Value::Kind::Array, w), w + ": image_size");
-  if (hw.size() != 2 || hw[0] < 1 || hw[1] < 1) throw Error(w + ": image_size must be [H, W]");
+  auto hw = int_list(need(j, "image_size", Kind::array, w), w + ": image_size");
+  if (hw.size() != 2 || hw[0] < 1 || hw[1] < 1 || hw[0] > kMaxSize || hw[1] > kMaxSize)
+    throw Error(w + ": image_size must be [H, W], each in [1, " + std::to_string(kMaxSize) + "]");
   m.H = hw[0], m.W = hw[1];
-  m.batch = as_int(need(j, "batch_size", Value::Kind::Number, w), w + ": batch_size");
-  if (m.batch < 1) throw Error(w + ": batch_size must be a positive integer");
-  m.device = need(j, "device", Value::Kind::String, w).string;
+  const int64_t patch = as_int(need(j, "patch_size", Kind::number_unsigned, w), w + ": patch_size");
+  if (patch < 1 || m.H % patch || m.W % patch) throw Error(w + ": patch_size must be a positive integer that divides image_size");
+  m.batch = as_int(need(j, "batch_size", Kind::number_unsigned, w), w + ": batch_size");
+  if (m.batch < 1 || m.batch > kMaxBatch) throw Error(w + ": batch_size must be an integer in [1, " + std::to_string(kMaxBatch) + "]");
+  m.device = need(j, "device", Kind::string, w).get<std::string>();
   if (m.device != "cpu" && m.device != "cuda") throw Error(w + ": device must be \"cpu\" or \"cuda\", got \"" + m.device + "\"");
-  m.dtype = need(j, "dtype", Value::Kind::String, w).string;
-  m.arch = need(j, "arch", Value::Kind::String, w).string;
-  m.torch_version = need(j, "torch_version", Value::Kind::String, w).string;
-  if (const Value* cc = j.find("compute_capability"); cc->kind == Value::Kind::String) m.capability = cc->string;
-  else if (!cc->is_null()) throw Error(w + ": \"compute_capability\" must be a string such as \"9.0\", or null");
-  const Value& tol = need(j, "tolerance", Value::Kind::Object, w);
-  m.atol = need(tol, "atol", Value::Kind::Number, w + ": tolerance").number;
-  m.rtol = need(tol, "rtol", Value::Kind::Number, w + ": tolerance").number;
+  m.dtype = need(j, "dtype", Kind::string, w).get<std::string>();
+  m.arch = need(j, "arch", Kind::string, w).get<std::string>();
+  m.torch_version = need(j, "torch_version", Kind::string, w).get<std::string>();
+  if (const Json& cc = j["compute_capability"]; cc.is_string()) m.capability = cc.get<std::string>();
+  else if (!cc.is_null()) throw Error(w + ": \"compute_capability\" must be a string such as \"9.0\", or null");
+  const Json& tol = need(j, "tolerance", Kind::object, w);
+  m.atol = need(tol, "atol", Kind::number_float, w + ": tolerance").get<double>();
+  m.rtol = need(tol, "rtol", Kind::number_float, w + ": tolerance").get<double>();
+  if (!(m.atol >= 0) || !(m.rtol >= 0)) throw Error(w + ": tolerance: atol and rtol must be >= 0");
   read_optional(j, m, w);
-  const Value& list = need(j, "buckets", Value::Kind::Array, w);
-  if (list.array.empty()) throw Error(w + ": buckets must list at least one package");
-  for (size_t k = 0; k < list.array.size(); ++k) {
-    const Value& b = list.array[k];
+  const Json& list = need(j, "buckets", Kind::array, w);
+  if (list.empty()) throw Error(w + ": buckets must list at least one package");
+  const int64_t patches = (m.H / patch) * (m.W / patch);
+  for (size_t k = 0; k < list.size(); ++k) {
+    const Json& b = list[k];
     const std::string wb = w + ": buckets[" + std::to_string(k) + "]";
     for (const char* key : kBucketKeys)
-      if (b.kind != Value::Kind::Object || !b.find(key)) throw Error(wb + ": missing key \"" + key + "\"");
+      if (!b.is_object() || !b.contains(key)) throw Error(wb + ": missing key \"" + key + "\"");
     Bucket bucket;
-    bucket.capacity = as_int(need(b, "bucket", Value::Kind::Number, wb), wb + ": bucket");
-    if (bucket.capacity < 1 || (!m.buckets.empty() && bucket.capacity <= m.buckets.back().capacity))
-      throw Error(wb + ": buckets must be positive and ascending");
-    const std::string& file = need(b, "file", Value::Kind::String, wb).string;
+    bucket.capacity = as_int(need(b, "bucket", Kind::number_unsigned, wb), wb + ": bucket");
+    if (bucket.capacity < 1 || bucket.capacity > patches || (!m.buckets.empty() && bucket.capacity <= m.buckets.back().capacity))
+      throw Error(wb + ": buckets must be ascending integers in [1, " + std::to_string(patches) + "] (the image's patches)");
+    const std::string file = need(b, "file", Kind::string, wb).get<std::string>();
     if (!plain_name(file)) throw Error(wb + ": file must be a plain file name, got \"" + file + "\"");
     bucket.file = path.parent_path() / file;
-    bucket.sha256 = need(b, "sha256", Value::Kind::String, wb).string;
+    bucket.sha256 = need(b, "sha256", Kind::string, wb).get<std::string>();
     if (!is_sha256(bucket.sha256)) throw Error(wb + ": sha256 must be 64 lowercase hex digits");
-    bucket.inputs = specs(*b.find("inputs"), wb + ": inputs");
+    bucket.inputs = specs(b["inputs"], wb + ": inputs");
     check_inputs(m, bucket, wb);
-    std::vector<TensorSpec> out = specs(*b.find("outputs"), wb + ": outputs");
+    std::vector<TensorSpec> out = specs(b["outputs"], wb + ": outputs");
     if (out != std::vector<TensorSpec>{{"depth", "float32", {m.batch, bucket.capacity}}})
       throw Error(wb + ": outputs " + describe(out) + " differ from [depth float32 " + shape_str({m.batch, bucket.capacity}) + "]");
     m.buckets.push_back(std::move(bucket));
   }
-  const Value& ref = need(j, "reference", Value::Kind::Object, w);
-  need(ref, "file", Value::Kind::String, w + ": reference"), need(ref, "sha256", Value::Kind::String, w + ": reference");
-  // "weights": null (compiled into each package) or {"file": a plain name, "sha256": hex}
-  if (const Value& wt = *j.find("weights"); !wt.is_null()) {
-    const Value* file = wt.kind == Value::Kind::Object ? wt.find("file") : nullptr;
-    const Value* sha = wt.kind == Value::Kind::Object ? wt.find("sha256") : nullptr;
-    if (!file || file->kind != Value::Kind::String || !plain_name(file->string) || !sha ||
-        sha->kind != Value::Kind::String || !is_sha256(sha->string))
-      throw Error(w + ": \"weights\" must be null or {\"file\": a plain file name, \"sha256\": 64 lowercase hex digits}");
-    m.weights = WeightsFile{path.parent_path() / file->string, sha->string};
-  }
+  const Json& ref = need(j, "reference", Kind::object, w);
+  need(ref, "file", Kind::string, w + ": reference"), need(ref, "sha256", Kind::string, w + ": reference");
+  // "weights": {"file": a plain name, "sha256": hex}; null was the older layout, weights compiled into each package
+  const Json& wt = j["weights"];
+  if (wt.is_null())
+    throw Error(w + ": \"weights\" is null: packages with their weights inside (an older export) are not run by this runner; "
+                "re-export with this depthpack (weights beside the packages)");
+  const bool ok = wt.is_object() && wt.contains("file") && wt["file"].is_string() && plain_name(wt["file"].get<std::string>()) &&
+                  wt.contains("sha256") && wt["sha256"].is_string() && is_sha256(wt["sha256"].get<std::string>());
+  if (!ok) throw Error(w + ": \"weights\" must be {\"file\": a plain file name, \"sha256\": 64 lowercase hex digits}");
+  m.weights = WeightsFile{path.parent_path() / wt["file"].get<std::string>(), wt["sha256"].get<std::string>()};
   return m;
 }
 
-void check_built_for_here(const Manifest& m) {
-  if (m.arch != this_arch())
-    throw Error("the packages were built for " + m.arch + ", this machine is " + this_arch() +
-                ": a .pt2 holds native code for one CPU architecture; export on this machine (see deploy_cpp/README.md)");
-  const std::string built = m.torch_version.substr(0, m.torch_version.find('+'));
-  const std::string mm = built.substr(0, built.find('.', built.find('.') + 1));
-  const std::string here = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
-  if (mm != here)
-    throw Error("the packages were built with torch " + m.torch_version + ", this runner with libtorch " + TORCH_VERSION +
-                ": AOTInductor packages are tied to the torch they were built with; export with torch " + here +
-                ".x or rebuild the runner against libtorch " + mm);
+std::string this_arch() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return "x86_64";
+#elif defined(__aarch64__) || defined(_M_ARM64)
+  return "aarch64";
+#else
+  return "unknown";
+#endif
 }
 
 }  // namespace depthpack

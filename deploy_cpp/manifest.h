@@ -13,9 +13,20 @@
 
 namespace depthpack {
 
-// Every refusal of the library: one line naming the file or value and what is wrong.
+// Every refusal of the library: one line naming the file or value and what is wrong. Control
+// characters (of a name or a file's text quoted in it) are written as \xNN, so it stays one line.
 struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what) : std::runtime_error(one_line(what)) {}
+  static std::string one_line(const std::string& s) {
+    std::string out;
+    for (const char ch : s) {
+      const unsigned char c = static_cast<unsigned char>(ch);
+      if (c >= 0x20 && c != 0x7f) { out += ch; continue; }
+      const char* hex = "0123456789abcdef";
+      out += "\\x", out += hex[c >> 4], out += hex[c & 15];
+    }
+    return out;
+  }
 };
 
 // contract: FORMAT
@@ -27,6 +38,7 @@ inline constexpr std::array<const char*, 19> kRequiredKeys = {
     "preprocess", "tolerance", "buckets", "reference", "weights"};
 // contract: BUCKET_KEYS
 inline constexpr std::array<const char*, 5> kBucketKeys = {"bucket", "file", "sha256", "inputs", "outputs"};
+inline constexpr int64_t kMaxSize = 1 << 14, kMaxBatch = 1 << 12;  // contract.MAX_SIZE, MAX_BATCH
 
 // One tensor a package takes or returns: "images" float32 [B,3,H,W], "frames" uint8 [B,h,w,3],
 // "points" float32 [B,K,2], "focal" float32 [B]; "depth" float32 [B,K].
@@ -44,8 +56,8 @@ struct Bucket {
 };
 
 // The packages' shared weights (manifest "weights"): a safetensors file beside the manifest whose
-// entries are named by the packages' constant FQNs. Packages exported this way hold no weights of
-// their own, and the runner loads them into each package before its first run.
+// entries are named by the packages' constant FQNs. The packages hold no weights of their own, and
+// the runner loads them into each package before its first run (weights.h).
 struct WeightsFile {
   std::filesystem::path file;
   std::string sha256;
@@ -62,7 +74,7 @@ struct Manifest {
   bool frame_bgr = true;                  //   and its channel order
   std::optional<float> focal_default;     // "focal": {"default": f}
   std::vector<Bucket> buckets;            // ascending capacity; the same inputs but "points" in each
-  std::optional<WeightsFile> weights;     // null: the weights are compiled into each package
+  WeightsFile weights;                    // "weights": null (weights inside, an older export) is refused
 
   bool has_input(const std::string& name) const;
   bool takes_frames() const { return has_input("frames"); }
@@ -70,12 +82,12 @@ struct Manifest {
 
 // The manifest at path with every key a runner relies on checked; an Error names the file and key.
 Manifest read_manifest(const std::filesystem::path& path);
+Manifest parse_manifest(const std::string& text, const std::filesystem::path& path);  // text: the file's bytes
 
 // Tensor specs from JSON text (a package's "depthpack.inputs" metadata); Error on anything else.
 std::vector<TensorSpec> parse_specs(const std::string& json, const std::string& where);
 std::string describe(const std::vector<TensorSpec>& specs);  // [images float32 [1,3,64,64], ...]
 
-// Refuse packages this machine or this build cannot run: CPU architecture, libtorch major.minor.
-void check_built_for_here(const Manifest& m);
+std::string this_arch();  // "x86_64", "aarch64" or "unknown": what the manifest's "arch" must say
 
 }  // namespace depthpack

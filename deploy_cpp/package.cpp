@@ -2,6 +2,7 @@
 #include "package.h"
 
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <bit>
 #include <cstring>
@@ -9,7 +10,6 @@
 #include <optional>
 
 #include "io.h"
-#include "mini_json.h"
 
 #ifdef DEPTHPACK_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -31,11 +31,12 @@ std::string shape_str(c10::IntArrayRef s) {
   return out + "]";
 }
 
-// safetensors dtypes the exporter can write, with their ATen types
+// the dtypes of weights.h by torch's name (the packages' records), with their ATen types
 std::optional<at::ScalarType> scalar_type(const std::string& dtype) {
   static const std::pair<const char*, at::ScalarType> types[] = {
-      {"BF16", at::kBFloat16}, {"F16", at::kHalf}, {"F32", at::kFloat}, {"F64", at::kDouble}, {"I64", at::kLong},
-      {"I32", at::kInt},       {"I16", at::kShort}, {"I8", at::kChar},   {"U8", at::kByte},    {"BOOL", at::kBool}};
+      {"bfloat16", at::kBFloat16}, {"float16", at::kHalf}, {"float32", at::kFloat}, {"float64", at::kDouble},
+      {"int64", at::kLong},        {"int32", at::kInt},    {"int16", at::kShort},   {"int8", at::kChar},
+      {"uint8", at::kByte},        {"bool", at::kBool}};
   for (const auto& [name, type] : types)
     if (dtype == name) return type;
   return std::nullopt;
@@ -46,30 +47,17 @@ std::optional<at::ScalarType> scalar_type(const std::string& dtype) {
 // safetensors stores little-endian data, copied here byte for byte (x86_64 and aarch64 are)
 static_assert(std::endian::native == std::endian::little, "safetensors weights need a little-endian host");
 
-Weights load_weights(const WeightsFile& file, c10::Device device) {
-  const std::string w = "weights " + file.file.string();
-  const std::string bytes = io::read_file(file.file, "weights", io::kWeightsCap);
-  // the bytes that are parsed are the bytes that are hashed: checked before anything is read out
-  minijson::Sha256 sha;
-  sha.update(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
-  if (const std::string got = sha.hex(); got != file.sha256)
-    throw Error(w + ": sha256 " + got + " does not match the manifest's " + file.sha256 + " (corrupt or modified; re-export)");
-  const auto [header, data_start] = io::safetensors_header(bytes, w);
-  const char* data = bytes.data() + data_start;
-  auto item_size = [](const std::string& d) -> uint64_t {
-    const std::optional<at::ScalarType> t = scalar_type(d);
-    return t ? c10::elementSize(*t) : 0;
-  };
-  Weights out;
-  for (const auto& [name, t] : header.object) {
-    if (name == "__metadata__") continue;
-    const io::TensorSlice s = io::safetensors_slice(t, w + ": tensor \"" + name + "\"", bytes.size() - data_start, item_size,
-                                                    "one of BF16, F16, F32, F64, I64, I32, I16, I8, U8, BOOL");
-    at::Tensor cpu = at::empty(s.shape, at::TensorOptions().dtype(*scalar_type(s.dtype)));
-    if (s.size) std::memcpy(cpu.data_ptr(), data + s.offset, s.size);
-    out.emplace(name, cpu.to(device));
-  }
-  return out;
+void check_built_for_here(const Manifest& m) {
+  if (m.arch != this_arch())
+    throw Error("the packages were built for " + m.arch + ", this machine is " + this_arch() +
+                ": a .pt2 holds native code for one CPU architecture; export on this machine (see deploy_cpp/README.md)");
+  const std::string built = m.torch_version.substr(0, m.torch_version.find('+'));
+  const std::string mm = built.substr(0, built.find('.', built.find('.') + 1));
+  const std::string here = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
+  if (mm != here)
+    throw Error("the packages were built with torch " + m.torch_version + ", this runner with libtorch " + TORCH_VERSION +
+                ": AOTInductor packages are tied to the torch they were built with; export with torch " + here +
+                ".x or rebuild the runner against libtorch " + mm);
 }
 
 c10::Device pick_device(const Manifest& m, int device_index) {
@@ -109,11 +97,10 @@ std::string metadata_mismatch(const std::unordered_map<std::string, std::string>
   return "";
 }
 
-Package::Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph, const Weights* weights)
-    : m_(m), b_(b), graph_(graph) {
+Package::Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph) : m_(m), b_(b), graph_(graph) {
   const std::string w = "package " + b.file.string();
   if (!std::filesystem::is_regular_file(b.file)) throw Error(w + ": no such file");
-  const std::string got = minijson::sha256_file(b.file.string());
+  const std::string got = io::sha256_file(b.file, "package");
   if (got != b.sha256)
     throw Error(w + ": sha256 " + got + " does not match the manifest's " + b.sha256 + " (corrupt or modified; re-export)");
   try {
@@ -125,32 +112,42 @@ Package::Package(const Manifest& m, const Bucket& b, c10::Device device, bool gr
   } catch (const std::exception& e) {
     throw Error(w + ": cannot be loaded: " + first_line(e.what()));
   }
-  if (std::string why = metadata_mismatch(loader_->get_metadata(), m, b); !why.empty()) throw Error(w + " " + why);
-  if (weights) load_constants(*weights);
+  const auto meta = loader_->get_metadata();
+  if (std::string why = metadata_mismatch(meta, m, b); !why.empty()) throw Error(w + " " + why);
+  // the record of the constants it expects (its sha256 vouches for it), against its own constant names and dtypes
+  const auto record = meta.find("depthpack.constants");
+  if (record == meta.end())
+    throw Error(w + " has no depthpack.constants metadata (exported by an older depthpack): re-export it with this depthpack");
+  constants_ = parse_constant_specs(record->second, w + " depthpack.constants metadata");
+  auto* runner = loader_->get_runner();
+  const auto fqns = runner->getConstantNamesToOriginalFQNs();
+  for (const auto& [name, dtype] : runner->getConstantNamesToDtypes()) {
+    const auto fqn = fqns.find(name);
+    if (fqn == fqns.end()) continue;
+    const auto spec = constants_.find(fqn->second);
+    if (spec == constants_.end())
+      throw Error(w + " takes constant \"" + fqn->second + "\" that its depthpack.constants metadata does not list: re-export");
+    if (scalar_type(spec->second.dtype) != c10::ScalarType(dtype))
+      throw Error(w + " takes constant \"" + fqn->second + "\" as " + std::string(c10::toString(c10::ScalarType(dtype))) +
+                  ", its depthpack.constants metadata says " + spec->second.dtype + ": re-export");
+  }
 }
 
 // A package exported without its weights runs on unset memory (a crash) until its constants are
-// loaded: every constant it names must be in the weights, of the package's dtype (load_constants
-// copies each tensor's bytes into the package's own buffer).
-void Package::load_constants(const Weights& weights) {
-  const std::string w = "package " + b_.file.string(), file = m_.weights->file.string();
-  std::unordered_map<std::string, int32_t> dtypes;  // FQN -> the package's dtype (c10::ScalarType)
-  Weights subset;
+// loaded, and load_constants copies each tensor's bytes into the package's own buffer: every
+// constant it names must be in the weights with the dtype and shape of its record.
+void Package::load_constants(const WeightsData& weights, c10::Device device) {
+  const std::string w = "package " + b_.file.string();
+  std::unordered_map<std::string, at::Tensor> subset;
   try {
-    auto* runner = loader_->get_runner();
-    const auto fqns = runner->getConstantNamesToOriginalFQNs();
-    for (const auto& [name, dtype] : runner->getConstantNamesToDtypes())
-      if (auto it = fqns.find(name); it != fqns.end()) dtypes[it->second] = dtype;
     for (const std::string& fqn : loader_->get_constant_fqns()) {
-      auto it = weights.find(fqn);
-      if (it == weights.end())
-        throw Error("weights " + file + " lacks constant \"" + fqn + "\" that " + w +
-                    " needs (the weights are not this export's; re-export)");
-      if (auto d = dtypes.find(fqn); d != dtypes.end() && d->second != int32_t(it->second.scalar_type()))
-        throw Error("weights " + file + " hold constant \"" + fqn + "\" as " + std::string(c10::toString(it->second.scalar_type())) +
-                    ", " + w + " needs " + std::string(c10::toString(c10::ScalarType(d->second))) +
-                    " (the weights are not this export's; re-export)");
-      subset.emplace(fqn, it->second);
+      const auto spec = constants_.find(fqn);
+      if (spec == constants_.end())
+        throw Error(w + " takes constant \"" + fqn + "\" that its depthpack.constants metadata does not list: re-export");
+      const std::string_view bytes = weights.get(fqn, spec->second, w);
+      at::Tensor cpu = at::empty(spec->second.shape, at::TensorOptions().dtype(*scalar_type(spec->second.dtype)));
+      if (!bytes.empty()) std::memcpy(cpu.data_ptr(), bytes.data(), bytes.size());
+      subset.emplace(fqn, cpu.to(device));
     }
     loader_->load_constants(subset, /*use_inactive=*/false, /*check_full_update=*/true);
 #ifdef DEPTHPACK_WITH_CUDA
@@ -161,9 +158,9 @@ void Package::load_constants(const Weights& weights) {
   } catch (const Error&) {
     throw;
   } catch (const c10::Error& e) {
-    throw Error(w + ": cannot load its constants from weights " + file + ": " + first_line(e.what_without_backtrace()));
+    throw Error(w + ": cannot load its constants from weights " + m_.weights.file.string() + ": " + first_line(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    throw Error(w + ": cannot load its constants from weights " + file + ": " + first_line(e.what()));
+    throw Error(w + ": cannot load its constants from weights " + m_.weights.file.string() + ": " + first_line(e.what()));
   }
 }
 

@@ -1,7 +1,8 @@
 // package.h (inside the library): one bucket's AOTInductor package, verified before it is trusted
-// (sha256 against the manifest, then its own metadata: device, bucket, inputs), given its
-// constants from the export's weights file when the manifest has one, and run directly or
-// replayed from a CUDA graph captured once with the runner's static input buffers.
+// (sha256 against the manifest, then its own metadata: device, bucket, inputs, the constants it
+// expects), given its constants from the export's weights file once each has been checked against
+// that record, and run directly or replayed from a CUDA graph captured once with the runner's
+// static input buffers.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,17 +18,14 @@
 #endif
 
 #include "manifest.h"
+#include "weights.h"
 
 namespace depthpack::detail {
 
+// Refuse packages this machine or this build cannot run: CPU architecture, libtorch major.minor.
+void check_built_for_here(const Manifest& m);
 // The device of the packages, after checking that this build and machine can run them.
 c10::Device pick_device(const Manifest& m, int device_index);
-
-// The export's weights (manifest "weights"), by constant FQN, on the packages' device. The file's
-// sha256 is checked against the manifest before anything in it is parsed; every entry (but
-// "__metadata__") becomes a tensor, its data_offsets checked against the data area.
-using Weights = std::unordered_map<std::string, at::Tensor>;
-Weights load_weights(const WeightsFile& file, c10::Device device);
 
 // "" when a package's own metadata agrees with its manifest entry, else what differs: its device,
 // "depthpack.bucket" and "depthpack.inputs" (contract.PACKAGE_BUCKET / PACKAGE_INPUTS; a package
@@ -37,9 +35,12 @@ std::string metadata_mismatch(const std::unordered_map<std::string, std::string>
 
 class Package {
  public:
-  // weights: the export's weights (load_weights) when the manifest has "weights", else nullptr (the
-  // package holds its own). The package copies the constants it needs: weights may go after this.
-  Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph, const Weights* weights);
+  // Verified and loaded, its constants record read; it cannot run before load_constants.
+  Package(const Manifest& m, const Bucket& b, c10::Device device, bool graph);
+  // Every constant the package names, from the weights file, each checked against the package's
+  // record (dtype, shape, byte range) before it is copied in: the package keeps its own copy, so
+  // weights may go after this.
+  void load_constants(const WeightsData& weights, c10::Device device);
   // depth [B,K] on the device for inputs in the manifest's call order. With a graph the inputs
   // must be the same tensors on every call (static buffers): the first call captures, later ones
   // replay. The result stays valid until the next call.
@@ -47,12 +48,11 @@ class Package {
   void rerun(const std::vector<at::Tensor>& inputs, void* stream);  // for timing: replay or run again
 
  private:
-  void load_constants(const Weights& weights);
-
   const Manifest& m_;
   const Bucket& b_;
   bool graph_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  ConstantSpecs constants_;  // its "depthpack.constants" metadata
   at::Tensor out_;
   std::vector<const void*> captured_;  // data pointers of the inputs the graph was captured with
 #ifdef DEPTHPACK_WITH_CUDA

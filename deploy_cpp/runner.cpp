@@ -6,12 +6,14 @@
 #include "runner.h"
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
 
+#include "io.h"
 #include "package.h"
 
 #ifdef DEPTHPACK_WITH_CUDA
@@ -55,8 +57,8 @@ struct Runner::Impl {
     std::vector<at::Tensor> inputs;
   };
   std::map<int64_t, Slot> slots;
-  std::optional<detail::Weights> weights;  // manifest "weights": read with the first package, dropped
-                                           // once every package has copied its constants
+  std::optional<WeightsData> weights;  // manifest "weights": read after the first package is verified,
+                                       // dropped once every package has copied its constants
   std::vector<int64_t> used;
   int64_t allocations = 0;
   at::Tensor image, focal;                        // device, shared by every bucket: images|frames, focal
@@ -113,13 +115,14 @@ struct Runner::Impl {
   Slot& slot(const Bucket& b) {  // loaded on first use
     if (auto it = slots.find(b.capacity); it != slots.end()) return it->second;
     Slot s;
-    if (m.weights && !weights) weights = detail::load_weights(*m.weights, device);
-    s.package = std::make_unique<detail::Package>(m, b, device, graph, weights ? &*weights : nullptr);
+    s.package = std::make_unique<detail::Package>(m, b, device, graph);
+    if (!weights) weights.emplace(m.weights);
+    s.package->load_constants(*weights, device);
     s.points = alloc({m.batch, b.capacity, 2}, at::kFloat, false);
     for (const TensorSpec& t : b.inputs) s.inputs.push_back(t.name == "points" ? s.points : t.name == "focal" ? focal : image);
     used.push_back(b.capacity);
     Slot& out = slots.emplace(b.capacity, std::move(s)).first->second;
-    if (slots.size() == m.buckets.size()) weights.reset();  // no package left to load: free the device memory
+    if (slots.size() == m.buckets.size()) weights.reset();  // no package left to load: free the file's bytes
     return out;
   }
 
@@ -282,6 +285,15 @@ std::vector<double> Runner::bench(int64_t bucket, int runs) {
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return ms;
+}
+
+std::string build_info() {
+#ifdef DEPTHPACK_WITH_CUDA
+  const char* cuda = "cuda=1";
+#else
+  const char* cuda = "cuda=0";
+#endif
+  return std::string("libtorch=") + TORCH_VERSION + " " + cuda + " " + io::readers();
 }
 
 const Manifest& Runner::manifest() const { return impl_->m; }

@@ -6,8 +6,9 @@
 //
 // The manifest is read and verified once; a bucket's package is verified (sha256, its own
 // metadata) and loaded on its first use, given its constants from the export's weights file
-// (manifest "weights": verified and read once, with the first package), and on CUDA its run is
-// captured once in a CUDA graph.
+// (manifest "weights": verified and read once, with the first package; each constant checked
+// against the package's record of its dtype and shape), and on CUDA its run is captured once in a
+// CUDA graph.
 // Buffers (pinned host staging, device inputs, outputs) are allocated on first use per bucket and
 // frame size; later calls of the same sizes allocate none of them: copies are asynchronous on the
 // runner's stream with one synchronization at the end. Not thread-safe: one Runner per thread.
@@ -82,5 +83,8 @@ class Runner {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// What this build of the library has: "libtorch=2.14.1 cuda=0|1 opencv=0|1 videoio=0|1".
+std::string build_info();
 
 }  // namespace depthpack

@@ -2,8 +2,10 @@
 
 Builds deploy_cpp with CMake against the libtorch of the installed wheel (about a minute on 2 cores;
 DEPTHPACK_BUILD=DIR builds into (and reuses) DIR; DEPTHPACK_RUN=/path/to/depthpack_run skips the
-build, robot_loop is then taken from the same folder), exports the tiny preset with
-export/export.py (buckets 8 and 16, so that every chunking case is cheap), and checks that:
+build, robot_loop is then taken from the same folder: CI's ASan/UBSan run, deploy_cpp/fuzz/asan.sh),
+exports the tiny preset with export/export.py (buckets 8 and 16, so that every chunking case is
+cheap; DEPTHPACK_EXPORTS=DIR keeps the exports in DIR and reuses those already there, so that CI's
+sanitizer run does not export again), and checks that:
   - the marked lists of deploy_cpp/manifest.h are depthpack.deploy.contract's;
   - `--check reference.safetensors` passes and the runner's depths equal Python's eager packed
     forward (chunked by the same rule) within the manifest's tolerance, for Q below, at and above
@@ -11,7 +13,11 @@ export/export.py (buckets 8 and 16, so that every chunking case is cheap), and c
   - image files and frames (raw, a folder, a video) go through Python's one preprocessing
     (bilinear resize of float32 RGB, not cv::resize), a corrupt frame is named and skipped;
   - robot_loop, the example that links the library, gives the CLI's depths;
-  - a build without OpenCV still builds and runs raw frames;
+  - a build without OpenCV still builds and runs raw frames; the tests ask the binary what it has
+    (--version), never guess it from an error message;
+  - a weights file whose sha256 matches but whose tensors do not fit the packages (another shape,
+    dtype or size) is refused at load, naming the constant and the package;
+  - --out never writes over an input or into the export folder;
   - every bad input is one line on stderr and exit code 1, and nothing hangs.
 """
 from __future__ import annotations
@@ -62,10 +68,23 @@ def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None,
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish_export(proc: subprocess.Popen, out: Path) -> Path:
+def finish_export(proc: subprocess.Popen | None, out: Path) -> Path:
+    if proc is None:  # kept from an earlier run (DEPTHPACK_EXPORTS)
+        return out
     _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, f"export failed:\n{err[-4000:]}"
     return out
+
+
+def export_dir(tmp_path_factory, name: str) -> Path:
+    """Where the export `name` goes: $DEPTHPACK_EXPORTS/name, else a fresh temporary folder."""
+    keep = os.environ.get("DEPTHPACK_EXPORTS")
+    return Path(keep) / name if keep else tmp_path_factory.mktemp("export") / name
+
+
+def start_kept_export(out: Path, **kwargs) -> subprocess.Popen | None:
+    """start_export, unless out already holds a finished export (the exporter writes its manifest last)."""
+    return None if (out / "manifest.json").is_file() else start_export(out, **kwargs)
 
 
 _RUNNER: dict[str, Path] = {}
@@ -86,9 +105,8 @@ def get_runner(tmp_path_factory) -> Path:
 def built(tmp_path_factory) -> tuple[Path, Path, Path]:
     """(runner binary, tiny CPU export, the same as frame packages): the exports run while the
     runner compiles."""
-    root = tmp_path_factory.mktemp("export")
-    out, frames_out = root / "tiny", root / "tiny_frames"
-    exports = [start_export(out), start_export(frames_out, frame=True)]
+    out, frames_out = export_dir(tmp_path_factory, "tiny"), export_dir(tmp_path_factory, "tiny_frames")
+    exports = [start_kept_export(out), start_kept_export(frames_out, frame=True)]
     try:
         runner = get_runner(tmp_path_factory)
     finally:
@@ -219,10 +237,15 @@ def assert_close(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) ->
     assert np.all(diff <= atol + rtol * np.abs(want)), f"max abs diff {diff.max():.3g} beyond atol {atol}, rtol {rtol}"
 
 
-def has_opencv(runner: Path, exported: Path) -> bool:
-    proc = run(runner, "--manifest", exported / "manifest.json", "--image", exported / "reference.png",
-               "--points", exported / "reference_points.csv", "--out", os.devnull)
-    return "no OpenCV" not in proc.stderr
+def features(runner: Path) -> dict[str, str]:
+    """What the binary was built with, as it says: {"libtorch": "2.14.1", "cuda": "0", "opencv": "1", "videoio": "0"}."""
+    proc = run(runner, "--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("depthpack_run "), proc.stderr
+    return dict(kv.split("=") for kv in proc.stdout.split()[1:])
+
+
+def has_opencv(runner: Path) -> bool:
+    return features(runner)["opencv"] == "1"
 
 
 # ---- parity -------------------------------------------------------------------------------------------
@@ -269,7 +292,7 @@ def test_depths_equal_python(runner, exported, python_depth, tmp_path, q):
 
 def test_image_file_equals_python(runner, exported, python_depth, tmp_path):
     """reference.png is larger than the model: OpenCV decode, Python's resize, point scaling."""
-    if not has_opencv(runner, exported):
+    if not has_opencv(runner):
         pytest.skip("runner built without OpenCV (apt-get install libopencv-imgcodecs-dev)")
     import cv2
 
@@ -288,7 +311,7 @@ def test_image_file_equals_python(runner, exported, python_depth, tmp_path):
 def test_preprocessing_is_pythons_bilinear_not_cv_resize(runner, exported, python_depth, tmp_path):
     """A noisy 97x83 PNG: the runner's depths equal Python's preprocessing (float32 bilinear resize)
     to float32 rounding, and the test can tell: cv::resize's uint8 rounding moves them 100x more."""
-    if not has_opencv(runner, exported):
+    if not has_opencv(runner):
         pytest.skip("runner built without OpenCV")
     import cv2
 
@@ -347,17 +370,36 @@ def _corrupt_with_sha(d: Path) -> None:
     _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=sha))
 
 
-def _weights_without(d: Path, name: str) -> None:
-    """The weights file without one constant, its sha256 updated: only the package can tell."""
+def _rewrite_weights(d: Path, fn) -> None:
+    """The weights file rewritten by fn (a dict of tensors, edited in place), its sha256 in the
+    manifest updated: only the packages' own records of their constants can tell."""
     import hashlib
 
     from safetensors.torch import save_file
 
     w = load_file(str(d / "weights.safetensors"))
-    del w[name]
+    fn(w)
     save_file(w, str(d / "weights.safetensors"))
     sha = hashlib.sha256((d / "weights.safetensors").read_bytes()).hexdigest()
     _edit_manifest(d, lambda m: m["weights"].update(sha256=sha))
+
+
+def _transposed(w: dict, name: str) -> None:
+    """Another shape, the same bytes count: the old runner's byte copy took it and answered wrong."""
+    w[name] = w[name].t().contiguous()
+
+
+def _larger(w: dict, name: str) -> None:
+    """Two more rows along dim 1, in front: larger than the package's buffer, the original rows moved."""
+    t = w[name]
+    w[name] = torch.cat([torch.randn_like(t[:, :2]), t], 1).contiguous()
+
+
+def _image_tensor(d: Path, fn) -> None:
+    """bad.safetensors: the reference's "images" through fn."""
+    from safetensors.torch import save_file
+
+    save_file({"images": fn(load_file(str(d / "reference.safetensors"))["images"]).contiguous()}, str(d / "bad.safetensors"))
 
 
 def _set_metadata(pt2: Path, meta: dict) -> str:
@@ -441,9 +483,20 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     # the weights beside the weight-free packages
     "tampered weights": (lambda d: _flip_byte(d / "weights.safetensors"), None, [], ["weights.safetensors", "sha256", "does not match"]),
     "missing weights": (lambda d: (d / "weights.safetensors").unlink(), None, [], ["weights", "cannot be read"]),
-    "weights path": (lambda d: _edit_manifest(d, lambda m: m["weights"].update(file="../w.safetensors")), None, [], ['"weights" must be null or']),
-    "weights lack a constant": (lambda d: _weights_without(d, "model.head.mlp.3.bias"), None, [],
+    "weights path": (lambda d: _edit_manifest(d, lambda m: m["weights"].update(file="../w.safetensors")), None, [], ['"weights" must be {"file"']),
+    "weights null": (lambda d: _edit_manifest(d, lambda m: m.update(weights=None)), None, [], ['"weights" is null', "older export", "re-export"]),
+    "weights lack a constant": (lambda d: _rewrite_weights(d, lambda w: w.pop("model.head.mlp.3.bias")), None, [],
                                 ['lacks constant "model.head.mlp.3.bias"', "depthpack_k16.pt2", "re-export"]),
+    # a weights file whose sha256 the manifest vouches for, but whose tensors do not fit the packages
+    "weights of another shape": (lambda d: _rewrite_weights(d, lambda w: _transposed(w, "model.head.tok.weight")), None, [],
+                                 ['constant "model.head.tok.weight" with shape [64,32]', "depthpack_k16.pt2 expects [32,64]"]),
+    "weights of another dtype": (lambda d: _rewrite_weights(d, lambda w: w.update({"model.head.tok.weight": w["model.head.tok.weight"].bfloat16()})),
+                                 None, [], ['constant "model.head.tok.weight" as bfloat16', "depthpack_k16.pt2 expects float32"]),
+    "weights with a larger tensor": (lambda d: _rewrite_weights(d, lambda w: _larger(w, "model.backbone.pos_embed")), None, [],
+                                     ['constant "model.backbone.pos_embed" with shape [1,67,64]', "depthpack_k16.pt2 expects [1,65,64]"]),
+    "package without its constants record": (lambda d: _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=_set_metadata(
+        d / "depthpack_k16.pt2", {"depthpack.constants": None}))), None, [],
+        ["depthpack_k16.pt2", "no depthpack.constants metadata", "older depthpack", "re-export"]),
     "unknown input name": (lambda d: _edit_manifest(d, lambda m: m["buckets"][0]["inputs"][1].update(name="depth_hint")), None, [], ['"depth_hint"', "not one this runner can feed"]),
     "other arch": (lambda d: _edit_manifest(d, lambda m: m.update(arch="aarch64" if m["arch"] != "aarch64" else "x86_64")), None, [], ["built for", "export on this machine"]),
     "other torch": (lambda d: _edit_manifest(d, lambda m: m.update(torch_version="2.9.0+cu128")), None, [], ["built with torch 2.9.0+cu128", "libtorch", "tied to the torch"]),
@@ -469,6 +522,18 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     # tensor images as the Python API: finite and in [0, 1], naming how many are not
     "nan image": (lambda d: _bad_images(d, n_nan=3), None, ["--image", lambda d: d / "bad.safetensors"], ["3 non-finite values"]),
     "image out of range": (lambda d: _bad_images(d, n_out=5), None, ["--image", lambda d: d / "bad.safetensors"], ["[0,1]", "5 values outside"]),
+    "image tensor of batch 2": (lambda d: _image_tensor(d, lambda t: t.repeat(2, 1, 1, 1)), None, ["--image", lambda d: d / "bad.safetensors"],
+                                ['"images" holds 2 images', "--image takes one"]),
+    "image tensor of uint8": (lambda d: _image_tensor(d, lambda t: (t * 255).to(torch.uint8)), None, ["--image", lambda d: d / "bad.safetensors"],
+                              ['"images" has dtype U8', "F32"]),
+    "image tensor of another size": (lambda d: _image_tensor(d, lambda t: t[..., :32, :]), None, ["--image", lambda d: d / "bad.safetensors"],
+                                     ['"images" has shape [1,3,32,64]', "[N,3,64,64]", "not resized"]),
+    # strict JSON (nlohmann/json, with duplicate keys and deep nesting refused)
+    "manifest duplicate key": (lambda d: (d / "manifest.json").write_text((d / "manifest.json").read_text().replace('"arch"', '"arch": "x", "arch"', 1)),
+                               None, [], ["manifest", "invalid JSON", 'duplicate key "arch"']),
+    "manifest nested deeply": (lambda d: _edit_manifest(d, lambda m: m.update(preset=json.loads("[" * 80 + "]" * 80))), None, [],
+                               ["manifest", "invalid JSON", "nested deeper than 64"]),
+    "manifest control characters": (lambda d: _edit_manifest(d, lambda m: m.update(device="cu\nda\r")), None, [], ['got "cu\\x0ada\\x0d"']),
     # the bucket-to-file mapping, held to each package's own metadata
     "bucket 8 names the k16 package": (lambda d: _with_package_metadata(d, _swap_bucket_8_to_k16), "x,y\n1,2\n3,4\n", [],
                                        ["depthpack_k16.pt2", "built for bucket 16", "as bucket 8"]),
@@ -489,11 +554,13 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     # frame loops
     "raw without size": (_raw_frames, None, ["--raw", lambda d: d / "frames.raw"], ["--raw and --frame-size"]),
     "bad frame size": (_raw_frames, None, ["--raw", lambda d: d / "frames.raw", "--frame-size", "64by64"], ["--frame-size must be WIDTHxHEIGHT"]),
-    "raw folder": (None, None, ["--raw", lambda d: d, "--frame-size", "64x64"], ["--raw", "is a directory"]),
+    "raw folder": (None, None, ["--raw", lambda d: d, "--frame-size", "64x64"], ["raw frames", "is a directory"]),
     "empty raw": (lambda d: (d / "e.raw").write_bytes(b""), None, ["--raw", lambda d: d / "e.raw", "--frame-size", "64x64"], ["no frames in"]),
     "images without images": (lambda d: (d / "empty").mkdir(), None, ["--images", lambda d: d / "empty"], ["--images", "no image files"]),
     "two inputs": (None, None, ["--raw", "x.raw", "--frame-size", "2x2", "--images", "y"], ["give one input"]),
 }
+# what a case says in a build without OpenCV (the tests ask the binary, features())
+NO_OPENCV_WORDS = {"image /dev/zero": ["image /dev/zero", "no OpenCV"]}
 if not torch.cuda.is_available():
     ERRORS["cuda package without cuda"] = (lambda d: _edit_manifest(d, lambda m: m.update(device="cuda", compute_capability="9.0")),
                                            None, [], ["CUDA is not available"])
@@ -503,6 +570,8 @@ LOOPS = ("--raw", "--images", "--video")
 @pytest.mark.parametrize("case", sorted(ERRORS))
 def test_errors_are_one_line_and_exit_1(runner, exported, tmp_path, case):
     edit, csv_text, extra, words = ERRORS[case]
+    if case in NO_OPENCV_WORDS and not has_opencv(runner):
+        words = NO_OPENCV_WORDS[case]
     d = tmp_path / "pkg"
     shutil.copytree(exported, d)
     if edit:
@@ -518,6 +587,52 @@ def test_errors_are_one_line_and_exit_1(runner, exported, tmp_path, case):
     for w in words:
         assert w in lines[0], f"{case}: {w!r} not in {lines[0]!r}"
     assert proc.stdout == ""  # no partial output
+
+
+OUT_TARGETS = {  # name: (what --out names, given the copy d of the export and the points file, expected words)
+    "the manifest": (lambda d, pts: d / "manifest.json", ["export folder"]),
+    "the weights": (lambda d, pts: d / "weights.safetensors", ["export folder"]),
+    "a package": (lambda d, pts: d / "depthpack_k8.pt2", ["export folder"]),
+    "a new file in the export folder": (lambda d, pts: d / "depths.csv", ["export folder"]),
+    "the export folder by another path": (lambda d, pts: d / "." / ".." / d.name / "reference_points.csv", ["export folder"]),
+    "the points": (lambda d, pts: pts, ["is the input", "pts.csv"]),
+    "the image": (lambda d, pts: pts.parent / "img.safetensors", ["is the input", "img.safetensors"]),
+    "a link to the points": (lambda d, pts: (pts.parent / "link.csv").symlink_to(pts) or pts.parent / "link.csv", ["is the input"]),
+    "a hard link to the points": (lambda d, pts: os.link(pts, pts.parent / "hard.csv") or pts.parent / "hard.csv", ["is the input"]),
+}
+
+
+@pytest.mark.parametrize("target", sorted(OUT_TARGETS))
+def test_out_never_writes_over_an_input_or_the_export(runner, exported, tmp_path, target):
+    """--out naming the manifest (the data loss of the issue: CSV over the manifest, exit 0), another
+    file of the export folder, or an input by any path or link: refused before anything runs, every
+    file unchanged."""
+    d = tmp_path / "pkg"
+    shutil.copytree(exported, d)
+    pts = tmp_path / "pts.csv"
+    pts.write_text(DEFAULT_PTS)
+    shutil.copy(d / "reference.safetensors", tmp_path / "img.safetensors")
+    fn, words = OUT_TARGETS[target]
+    out = fn(d, pts)
+    before = {f: f.read_bytes() for f in [*d.iterdir(), pts, tmp_path / "img.safetensors"]}
+    proc = run(runner, "--manifest", d / "manifest.json", "--image", tmp_path / "img.safetensors", "--points", pts, "--out", out)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1 and err[0].startswith("depthpack_run: error: --out "), proc.stderr
+    assert all(w in err[0] for w in words), err[0]
+    assert {f: f.read_bytes() for f in before} == before and sorted(d.iterdir()) == sorted(f for f in before if f.parent == d)
+    ok = run(runner, "--manifest", d / "manifest.json", "--image", tmp_path / "img.safetensors", "--points", pts,
+             "--out", tmp_path / "depths.csv")  # the control: a file elsewhere
+    assert ok.returncode == 0 and read_out(tmp_path / "depths.csv").shape == (10, 3), ok.stderr
+
+
+def test_weights_that_fit_are_accepted_after_a_rewrite(runner, exported, tmp_path):
+    """The control of the weights cases: the same tensors written anew (another file, its sha256 in the
+    manifest) pass --check; the same file with one constant transposed was answered by the old runner."""
+    d = tmp_path / "pkg"
+    shutil.copytree(exported, d)
+    _rewrite_weights(d, lambda w: None)
+    proc = run(runner, "--manifest", d / "manifest.json", "--check", d / "reference.safetensors")
+    assert proc.returncode == 0 and ": OK" in proc.stderr, proc.stderr
 
 
 def test_package_metadata_that_agrees_is_accepted(runner, exported, tmp_path):
@@ -549,7 +664,7 @@ def test_undecodable_image_file(runner, exported, tmp_path):
 def test_truncated_image_file_is_refused(runner, exported, tmp_path, fmt):
     """A JPEG or PNG cut to 60%: the runner refuses it, naming the file (OpenCV alone would hand
     back a partly grey image for the JPEG, and depths with exit code 0)."""
-    if not has_opencv(runner, exported):
+    if not has_opencv(runner):
         pytest.skip("runner built without OpenCV")
     import cv2
 
@@ -626,7 +741,7 @@ def test_images_folder_skips_corrupt_frames(runner, exported, python_depth, tmp_
     """A folder of 3 good PNGs (two sizes), a truncated JPEG and a file that is no image: the good
     ones are answered in name order with Python's depths, the two bad ones named on stderr and
     skipped, the loop goes on, exit code 1."""
-    if not has_opencv(runner, exported):
+    if not has_opencv(runner):
         pytest.skip("runner built without OpenCV")
     import cv2
 
@@ -662,8 +777,7 @@ def test_video_frames_equal_python(runner, exported, python_depth, tmp_path):
     the same file cut to 60% is named as cut short, exit code 1."""
     import cv2
 
-    probe = run(runner, "--manifest", exported / "manifest.json", "--video", tmp_path / "none.avi", "--points", "x")
-    if "videoio" in probe.stderr:
+    if features(runner)["videoio"] != "1":
         pytest.skip("runner built without OpenCV videoio (apt-get install libopencv-videoio-dev)")
     writer = cv2.VideoWriter(str(tmp_path / "v.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10, (96, 80))
     if not writer.isOpened():
@@ -720,7 +834,7 @@ def test_frame_packages_raw_frames_equal_python(runner, frames_exported, python_
 def test_frame_packages_image_file(runner, frames_exported, tmp_path):
     """reference.png is a frame of the packages' size: decoded, handed over as it is; row 0 of the
     reference's depth (computed by the exporter from the same PNG)."""
-    if not has_opencv(runner, frames_exported):
+    if not has_opencv(runner):
         pytest.skip("runner built without OpenCV")
     proc = run(runner, "--manifest", frames_exported / "manifest.json", "--image", frames_exported / "reference.png",
                "--points", frames_exported / "reference_points.csv", "--out", tmp_path / "d.csv")
@@ -771,6 +885,31 @@ def test_robot_loop_example_gives_the_clis_depths(runner, example, exported, tmp
     assert bad.returncode == 1 and bad.stderr.startswith("robot_loop: manifest ") and len(bad.stderr.splitlines()) == 1
 
 
+def test_robot_loop_reports_a_frame_cut_short(runner, example, exported, tmp_path):
+    """A stream that ends inside its third frame: robot_loop answers the two whole frames, then names
+    the third on one line and exits 1, as depthpack_run --raw does (it used to drop it with exit 0)."""
+    noise_frames(3, 80, 96).tofile(tmp_path / "f.raw")
+    data = (tmp_path / "f.raw").read_bytes()
+    (tmp_path / "cut.raw").write_bytes(data[: len(data) - 1000])
+    proc = run(example, exported / "manifest.json", tmp_path / "cut.raw", "96x80")
+    assert proc.returncode == 1, proc.stderr
+    assert [ln.split(":")[0] for ln in proc.stdout.splitlines()] == ["frame 0", "frame 1"]
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("robot_loop: ") and "cut.raw frame 2: " in err[0], proc.stderr
+    assert f"only {80 * 96 * 3 - 1000} of {80 * 96 * 3} bytes" in err[0] and "ends inside this frame" in err[0]
+    with open(tmp_path / "cut.raw", "rb") as f:  # the same from a pipe
+        piped = subprocess.run([str(example), str(exported / "manifest.json"), "-", "96x80"], stdin=f, capture_output=True,
+                               text=True, timeout=60)
+    assert piped.returncode == 1 and piped.stdout == proc.stdout and "ends inside this frame" in piped.stderr
+
+
+def test_version_says_what_the_build_has(runner):
+    """The tests' source of truth on the build: the binary's own --version, one line."""
+    f = features(runner)
+    assert set(f) == {"libtorch", "cuda", "opencv", "videoio"} and f["libtorch"] == torch.__version__.split("+")[0]
+    assert f["opencv"] in ("0", "1") and (f["videoio"] == "0" or f["opencv"] == "1")
+
+
 def test_build_without_opencv(runner, exported, tmp_path):
     """-DDEPTHPACK_OPENCV=OFF (the GPU machine has no OpenCV C++ packages): it builds, --raw frames
     give the OpenCV build's depths, image files and videos are refused with one line."""
@@ -785,6 +924,9 @@ def test_build_without_opencv(runner, exported, tmp_path):
     for flag, word in (("--image", "no OpenCV"), ("--video", "no OpenCV videoio"), ("--images", "no OpenCV")):
         proc = run(nocv, "--manifest", exported / "manifest.json", flag, exported / "reference.png", "--points", tmp_path / "p.csv")
         assert proc.returncode == 1 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert features(nocv)["opencv"] == "0"  # what the error cases ask to pick their words
+    proc = run(nocv, "--manifest", exported / "manifest.json", "--image", "/dev/zero", "--points", tmp_path / "p.csv")
+    assert proc.returncode == 1 and all(w in proc.stderr for w in NO_OPENCV_WORDS["image /dev/zero"]), proc.stderr
 
 
 # ---- the focal input: packages of a model with canonical_focal ----------------------------------------------
@@ -794,9 +936,8 @@ FOCAL_MODEL = "canonical_focal=48.0,focal_default=40.0"  # pixels of the 64x64 m
 @pytest.fixture(scope="module")
 def focal_exported(runner, tmp_path_factory) -> dict[str, Path]:
     """{"images": image packages, "frames": frame packages} of the tiny preset with a focal input."""
-    root = tmp_path_factory.mktemp("focal")
-    outs = {"images": root / "images", "frames": root / "frames"}
-    procs = [start_export(outs["images"], model=FOCAL_MODEL), start_export(outs["frames"], frame=True, model=FOCAL_MODEL)]
+    outs = {"images": export_dir(tmp_path_factory, "focal_images"), "frames": export_dir(tmp_path_factory, "focal_frames")}
+    procs = [start_kept_export(outs["images"], model=FOCAL_MODEL), start_kept_export(outs["frames"], frame=True, model=FOCAL_MODEL)]
     for proc, out in zip(procs, outs.values()):
         finish_export(proc, out)
     return outs
@@ -861,7 +1002,7 @@ def test_focal_flag_on_an_image_file_is_scaled_like_the_points(runner, focal_exp
     from depthpack.core.preprocess import load_image, scale_focal, scale_points
 
     d = focal_exported["images"]
-    if not has_opencv(runner, d):
+    if not has_opencv(runner):
         pytest.skip("this build has no OpenCV")
     proc = run(runner, "--manifest", d / "manifest.json", "--image", d / "reference.png", "--points",
                d / "reference_points.csv", "--focal", "70", "--out", tmp_path / "o.csv")
@@ -1092,54 +1233,31 @@ def test_cuda_frame_packages(runner, cuda_frames_exported, python_frame_depth, t
 
 
 # ---- the header-only helpers (no libtorch: a few seconds) ---------------------------------------------
-HELPERS_MAIN = r'''
-#include "mini_json.h"
+STATS_MAIN = r'''
 #include "stats.h"
-#include <cstdlib>
 #include <cstdio>
-#include <iostream>
-#include <string>
-int main(int argc, char** argv) {  // "stats X...": median and p90; else sha256 of each file, then ok/rejected per JSON line on stdin
-  if (argc > 1 && std::string(argv[1]) == "stats") {
-    std::vector<double> v;
-    for (int i = 2; i < argc; ++i) v.push_back(std::atof(argv[i]));
-    std::printf("%.17g %.17g\n", depthpack::median(v), depthpack::percentile(v, 0.9));
-    return 0;
-  }
-  for (int i = 1; i < argc; ++i) std::cout << minijson::sha256_file(argv[i]) << "\n";
-  for (std::string line; std::getline(std::cin, line);) {
-    try { minijson::parse(line); std::cout << "ok\n"; } catch (const std::runtime_error&) { std::cout << "rejected\n"; }
-  }
+#include <cstdlib>
+#include <vector>
+int main(int argc, char** argv) {  // X...: median and p90
+  std::vector<double> v;
+  for (int i = 1; i < argc; ++i) v.push_back(std::atof(argv[i]));
+  std::printf("%.17g %.17g\n", depthpack::median(v), depthpack::percentile(v, 0.9));
 }
 '''
 
 
-def test_sha256_and_strict_json(tmp_path):
-    import hashlib
-
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    (tmp_path / "t.cpp").write_text(HELPERS_MAIN)
-    subprocess.run([cxx, "-std=c++20", "-O1", f"-I{ROOT / 'deploy_cpp'}", str(tmp_path / "t.cpp"), "-o", str(tmp_path / "t")], check=True)
-    rng = np.random.default_rng(0)
-    files = []
-    for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 100_000):  # every padding case of SHA-256
-        files.append(tmp_path / f"f{n}")
-        files[-1].write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-    good = ['{"a": [1, -0.5e3, true, false, null, "\\u00e9\\ud83d\\ude00\\n"]}', "[]", " {} ", '{"x": {"y": [[]]}}']
-    bad = ["{", "[1,]", '{"a": 1, "a": 2}', "01", "[1] x", '"\\x"', "{'a': 1}", "nan", "[1.]", '"\\ud800"', "", "[" * 100 + "]" * 100]
-    proc = subprocess.run([str(tmp_path / "t"), *map(str, files)], input="\n".join(good + bad) + "\n",
-                          capture_output=True, text=True, check=True)
-    out = proc.stdout.splitlines()
-    assert out[:len(files)] == [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
-    assert out[len(files):] == ["ok"] * len(good) + ["rejected"] * len(bad)
-
+def test_latency_summaries_are_pythons(tmp_path):
     import statistics
 
     from depthpack.runtime.graphs import percentile
 
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "t.cpp").write_text(STATS_MAIN)
+    subprocess.run([cxx, "-std=c++20", "-O1", f"-I{ROOT / 'deploy_cpp'}", str(tmp_path / "t.cpp"), "-o", str(tmp_path / "t")], check=True)
+    rng = np.random.default_rng(0)
     for n in (1, 2, 3, 9, 10, 11, 19, 20, 21, 100):  # the latency summaries: Python's rule exactly
         v = [float(x) for x in rng.integers(0, 8, n)] if n % 2 else [float(x) for x in rng.uniform(0, 5, n)]  # ties, and not
-        proc = subprocess.run([str(tmp_path / "t"), "stats", *map(repr, v)], capture_output=True, text=True, check=True)
+        proc = subprocess.run([str(tmp_path / "t"), *map(repr, v)], capture_output=True, text=True, check=True)
         assert [float(x) for x in proc.stdout.split()] == [statistics.median(v), percentile(v, 0.9)], v
