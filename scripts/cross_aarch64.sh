@@ -6,11 +6,15 @@
 #   2 libtorch  the aarch64 torch wheel from PyPI (pip download --platform), plus the two CUDA runtime
 #               libraries its libtorch_cpu.so links (cudart, cupti), cached; headers and CPU
 #               libraries unpacked into a site-packages-like folder (see docs/cross_aarch64.md)
+#     target-libs  Debian's arm64 libssl-dev and libssl3 (OpenSSL's libcrypto, for SHA-256) and
+#               nlohmann-json3-dev (headers): apt-get download (the arm64 architecture added to dpkg
+#               when missing), unpacked into a prefix of the cache, never installed
 #   3 configure deploy_cpp with toolchains/aarch64-linux-gnu.cmake, -DDEPTHPACK_OPENCV=OFF
 #   4 build     every target CMakeLists.txt defines
 #   5 elf       every executable and shared library built must be an ARM aarch64 ELF
 #   6 qemu      depthpack_run under qemu-aarch64: --help, a missing manifest, x86_64 packages,
-#               CUDA packages, and a package that is not a .pt2 (reached through ATen on aarch64)
+#               CUDA packages, and a package that is not a .pt2 (its sha256 by libcrypto, then
+#               reached through ATen on aarch64)
 # Each phase prints its time; any failure prints the end of its log and one line
 # "cross_aarch64: FAILED: ...", exit 1. A second run reuses the wheels, the unpacked libtorch and
 # the build folder (seconds, plus the qemu checks).
@@ -32,6 +36,7 @@ QEMU=${DP_CROSS_QEMU:-1}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 SITE=$CACHE/torch-$VERSION-aarch64        # <SITE>/torch/{include,lib,share}, <SITE>/nvidia/cu13/lib
+DEPS=$CACHE/target-aarch64                # <DEPS>/include/{openssl,nlohmann}, <DEPS>/lib/libcrypto.so*
 WHEELS=$CACHE/wheels
 LOGS=$BUILD/logs
 # the aarch64 wheels are manylinux_2_28 (torch) and older (nvidia-*); pip takes tags literally
@@ -145,12 +150,39 @@ mkdir -p "$SITE/torch/share/cmake/Torch"
 cmp -s deploy_cpp/toolchains/TorchConfig-cpu-only.cmake "$SITE/torch/share/cmake/Torch/TorchConfig.cmake" ||
   cp deploy_cpp/toolchains/TorchConfig-cpu-only.cmake "$SITE/torch/share/cmake/Torch/TorchConfig.cmake"
 
+# ---- 2b target libraries: libcrypto for aarch64, nlohmann/json's headers (Debian's packages) -------
+phase target-libs
+if [ -f "$DEPS/.complete" ]; then
+  done_phase "cached: $DEPS"
+else
+  command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || fail "needs apt-get and dpkg-deb (Debian) to fetch libssl-dev:arm64"
+  debs=(libssl-dev:arm64 libssl3:arm64 nlohmann-json3-dev)
+  rm -rf "$DEPS.tmp" && mkdir -p "$DEPS.tmp/debs"
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    [ "$(id -u)" = 0 ] || fail "dpkg does not know arm64: dpkg --add-architecture arm64 && apt-get update (as root), then run again"
+    logged dpkg --add-architecture arm64
+    logged apt-get update -qq
+  fi
+  # the arm64 package lists may be missing (architecture added earlier, no update since): update once
+  ( cd "$DEPS.tmp/debs" && apt-get download "${debs[@]}" ) >>"$LOGS/$PHASE.log" 2>&1 ||
+    { logged apt-get update -qq; ( cd "$DEPS.tmp/debs" && logged apt-get download "${debs[@]}" ); }
+  for deb in "$DEPS.tmp"/debs/*.deb; do logged dpkg-deb -x "$deb" "$DEPS.tmp/root"; done
+  R=$DEPS.tmp/root/usr
+  mkdir -p "$DEPS.tmp/include/openssl" "$DEPS.tmp/lib"
+  # the arch-independent headers and the two of aarch64 (configuration.h, opensslconf.h) in one folder
+  cp -r "$R/include/openssl/." "$R/include/aarch64-linux-gnu/openssl/." "$DEPS.tmp/include/openssl/"
+  cp -r "$R/include/nlohmann" "$DEPS.tmp/include/"
+  cp -a "$R"/lib/aarch64-linux-gnu/libcrypto.so* "$DEPS.tmp/lib/"
+  rm -rf "$DEPS.tmp/debs" "$DEPS.tmp/root" "$DEPS" && mv "$DEPS.tmp" "$DEPS" && touch "$DEPS/.complete"
+  done_phase "$(cd "$DEPS" && ls lib | tr '\n' ' ')+ headers, in $DEPS"
+fi
+
 # ---- 3 configure, 4 build -------------------------------------------------------------------------
 phase configure
 logged cmake -S deploy_cpp -B "$BUILD" \
   -DCMAKE_TOOLCHAIN_FILE="$ROOT/deploy_cpp/toolchains/aarch64-linux-gnu.cmake" \
   -DDP_CROSS_PREFIX="$PREFIX" \
-  -DCMAKE_PREFIX_PATH="$SITE/torch/share/cmake" \
+  -DCMAKE_PREFIX_PATH="$SITE/torch/share/cmake;$DEPS" \
   -DCMAKE_BUILD_TYPE=Release \
   -DDEPTHPACK_OPENCV=OFF
 done_phase
@@ -201,15 +233,17 @@ else
   done
   echo "0-$((ncpu - 1))" | tee "$GUEST/sys/devices/system/cpu/possible" >"$GUEST/sys/devices/system/cpu/present"
 
-  # A package folder: one "package" that is not a .pt2 (its sha256 right), a manifest per case,
-  # a 28x28 tensor image and two points.
+  # A package folder: one "package" that is not a .pt2 (its sha256 right), a weights file, a
+  # manifest per case, a 28x28 tensor image and two points.
   printf 'not a .pt2 package\n' >"$Q/depthpack_k8.pt2"
   SHA=$(sha256sum "$Q/depthpack_k8.pt2" | cut -d' ' -f1)
+  printf '\0\0\0\0\0\0\0\0' >"$Q/weights.safetensors"
+  WSHA=$(sha256sum "$Q/weights.safetensors" | cut -d' ' -f1)
   # the format the runner reads (deploy_cpp/manifest.h, held to the contract by a test)
   FORMAT=$(sed -n 's/.*kFormat = "\(.*\)";.*/\1/p' "$ROOT/deploy_cpp/manifest.h")
   manifest() {  # arch device
     cat <<EOF
-{"format": "$FORMAT", "preset": null, "model_config": {}, "image_size": [28, 28], "patch_size": 14,
+{"format": "$FORMAT", "preset": null, "model_config": {}, "image_size": [28, 28], "patch_size": 7,
  "batch_size": 1, "device": "$2", "compute_capability": $([ "$2" = cuda ] && echo '"8.7"' || echo null),
  "arch": "$1", "dtype": "float32", "torch_version": "$VERSION", "min_depth": 0.1, "max_depth": 20.0,
  "frame": null, "preprocess": {}, "tolerance": {"atol": 0.001, "rtol": 0.001},
@@ -217,7 +251,8 @@ else
               "inputs": [{"name": "images", "shape": [1, 3, 28, 28], "dtype": "float32"},
                          {"name": "points", "shape": [1, 8, 2], "dtype": "float32"}],
               "outputs": [{"name": "depth", "shape": [1, 8], "dtype": "float32"}]}],
- "reference": {"file": "reference.safetensors", "sha256": "$SHA"}, "weights": null}
+ "reference": {"file": "reference.safetensors", "sha256": "$SHA"},
+ "weights": {"file": "weights.safetensors", "sha256": "$WSHA"}}
 EOF
   }
   manifest x86_64 cpu >"$Q/manifest_x86_64.json"
@@ -232,7 +267,7 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(head)) + head + struct.pack(
 EOF
   printf 'x,y\n3,4\n20.5,11\n' >"$Q/points.csv"
 
-  LIBS=$SITE/torch/lib
+  LIBS=$SITE/torch/lib:$DEPS/lib
   for d in "$SITE"/nvidia/*/lib; do LIBS=$LIBS:$d; done
   RUN=(qemu-aarch64 -L "$GUEST" -E "LD_LIBRARY_PATH=$LIBS" "$RUNNER")
   # case NAME RC PATTERN ARGS...: exit code RC; for RC 0 stdout starts with PATTERN and stderr is
