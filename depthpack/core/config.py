@@ -17,6 +17,9 @@ from typing import Any
 import yaml
 
 
+CONTEXTS = ("thumbnail", "glance", "pooled")
+
+
 @dataclass
 class ModelConfig:
     img_size: tuple[int, int] = (518, 518)  # (H, W) the position embeddings are made for
@@ -26,7 +29,13 @@ class ModelConfig:
     num_heads: int = 6
     mlp_ratio: float = 4.0
     init_values: float | None = 1e-5  # LayerScale, as DINOv2
-    anchor_grid: int = 8  # A = anchor_grid**2 anchor tokens from a thumbnail of the image
+    # anchors: A fixed context tokens that see the whole image, beside cls in every buffer
+    context: str = "thumbnail"  # how they are made: "thumbnail" (anchor_grid**2 tokens, a square thumbnail),
+    #   "glance" (glance_grid tokens: the image box-downsampled, each region one patch, at its centre's position
+    #   plus a learned scale embedding) or "pooled" (glance_grid tokens: the patch embeddings averaged per region)
+    anchor_grid: int = 8  # context "thumbnail": A = anchor_grid**2
+    glance_grid: tuple[int, int] = (12, 16)  # context "glance" / "pooled": (rows, columns) of regions, A = rows*cols
+    registers: int = 0  # learned tokens always in the buffer (DINOv2 with registers): [cls | registers | anchors | patches]
     buckets: tuple[int, ...] = (64, 128, 256, 512, 1024)  # capacity ladder (patch slots)
     head_dim: int = 128  # hidden width of the query head
     head_freqs: int = 4  # Fourier frequencies of the in-patch offset encoding
@@ -55,6 +64,16 @@ class ModelConfig:
         p = self.patch_size
         if p >= 1 and (H < p or W < p or H % p or W % p):
             problems.append(f"img_size {self.img_size} must be two positive multiples of patch_size {p}")
+        if self.context not in CONTEXTS:
+            problems.append(f"context {self.context!r} must be one of {', '.join(CONTEXTS)}")
+        elif self.context != "thumbnail":
+            gh, gw = self.glance_grid
+            if gh < 1 or gw < 1 or H % gh or W % gw:
+                problems.append(f"glance_grid {self.glance_grid} must be two positive divisors of img_size {self.img_size} "
+                                f"(each region one box of whole pixels)")
+        if not 0 <= self.registers <= min(self.buckets or (0,)):
+            problems.append(f"registers {self.registers} must lie in [0, {min(self.buckets or (0,))}] (no more than the "
+                            f"smallest bucket's patch slots)")
         if self.num_heads >= 1 and self.embed_dim % self.num_heads:
             problems.append(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if not self.mlp_ratio > 0:
@@ -92,7 +111,14 @@ class ModelConfig:
 
     @property
     def num_anchors(self) -> int:
-        return self.anchor_grid**2
+        if self.context == "thumbnail":
+            return self.anchor_grid**2
+        return self.glance_grid[0] * self.glance_grid[1]
+
+    @property
+    def num_prefix(self) -> int:
+        """Tokens before the patches in every buffer: cls, registers, anchors."""
+        return 1 + self.registers + self.num_anchors
 
 
 # Named presets: only what differs from the defaults (which are the vits / DINOv2-small shape).

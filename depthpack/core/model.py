@@ -121,11 +121,15 @@ class DepthPack(nn.Module):
         if cfg.backbone_weights:
             load_backbone_weights(self.backbone, cfg.backbone_weights)
         gh, gw = cfg.grid
-        g = cfg.anchor_grid
-        # anchors: a g x g thumbnail embedded by the same patch embedding, with their own positions
-        anchor_pos = resample_abs_pos_embed(self.backbone.pos_embed.detach()[:, 1:], new_size=(g, g),
-                                            old_size=(gh, gw), num_prefix_tokens=0) if g else torch.zeros(1, 0, cfg.embed_dim)
-        self.anchor_pos = nn.Parameter(anchor_pos.clone())
+        if cfg.context == "thumbnail":  # a g x g thumbnail embedded by the same patch embedding, own positions
+            g = cfg.anchor_grid
+            anchor_pos = resample_abs_pos_embed(self.backbone.pos_embed.detach()[:, 1:], new_size=(g, g),
+                                                old_size=(gh, gw), num_prefix_tokens=0) if g else torch.zeros(1, 0, cfg.embed_dim)
+            self.anchor_pos = nn.Parameter(anchor_pos.clone())
+        else:  # glance / pooled: the patches' own position embedding at each region, plus a scale embedding
+            self.anchor_scale = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
+        if cfg.registers:
+            self.registers = nn.Parameter(torch.randn(1, cfg.registers, cfg.embed_dim) * 0.02)
         lo, hi = cfg.focal_ratio_range
         canonical = (cfg.min_depth / hi, cfg.max_depth / lo) if cfg.uses_focal else None
         self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth,
@@ -157,7 +161,7 @@ class DepthPack(nn.Module):
     # ---- pieces ---------------------------------------------------------------------------------
     @property
     def num_prefix(self) -> int:
-        return 1 + (self.cfg.num_anchors if self.use_anchors else 0)
+        return self.cfg.num_prefix - (0 if self.use_anchors else self.cfg.num_anchors)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         # float RGB [0,1] (any float dtype) -> normalized, in the model's dtype
@@ -191,35 +195,52 @@ class DepthPack(nn.Module):
         return tok + torch.gather(pos, 1, index.unsqueeze(-1).expand(-1, -1, pos.shape[-1]))
 
     def anchors(self, x: torch.Tensor) -> torch.Tensor:
-        """A = g*g tokens that see the whole image: a (g*p)^2 thumbnail, embedded. x normalized -> [B,A,D]."""
-        B = x.shape[0]
-        g, p = self.cfg.anchor_grid, self.cfg.patch_size
-        if not (self.use_anchors and g):
-            return x.new_zeros(B, 0, self.cfg.embed_dim)
+        """A context tokens that see the whole image (cfg.context), x normalized [B,3,H,W] -> [B,A,D]."""
+        B, cfg = x.shape[0], self.cfg
+        if not (self.use_anchors and cfg.num_anchors):
+            return x.new_zeros(B, 0, cfg.embed_dim)
+        weight, bias = self.patch_linear()
+        p = cfg.patch_size
+        if cfg.context == "pooled":  # every patch embedded (no blocks), then averaged over each region
+            gh, gw = self.grid_of(x)
+            tok = self.embed_patches(x, None).transpose(1, 2).reshape(B, -1, gh, gw)  # [B,D,gh,gw]
+            return F.adaptive_avg_pool2d(tok, cfg.glance_grid).flatten(2).transpose(1, 2) + self.anchor_scale
+        if cfg.context == "glance":  # each region box-filtered to one patch of p x p pixels
+            rh, rw = cfg.glance_grid
+            thumb = F.interpolate(x, size=(rh * p, rw * p), mode="area")
+            pos = resample_abs_pos_embed(self.patch_pos(*self.grid_of(x)), new_size=(rh, rw),
+                                         old_size=self.grid_of(x), num_prefix_tokens=0)  # at each region's centre
+            return F.linear(patchify(thumb, p), weight, bias) + pos + self.anchor_scale
+        g = cfg.anchor_grid
         side = g * p
         kh, kw = max(1, x.shape[-2] // side), max(1, x.shape[-1] // side)
         thumb = F.avg_pool2d(x, (kh, kw)) if (kh, kw) != (1, 1) else x  # box filter against aliasing
         if thumb.shape[-2:] != (side, side):
             thumb = F.interpolate(thumb, size=(side, side), mode="bilinear", align_corners=False)
-        weight, bias = self.patch_linear()
         # the patch-embedding conv as a GEMM over the thumbnail's patches (cuDNN's conv is slow at this shape)
-        tok = F.linear(patchify(thumb, p), weight, bias)  # [B,A,D]
-        return tok + self.anchor_pos
+        return F.linear(patchify(thumb, p), weight, bias) + self.anchor_pos
 
     def prefix(self, x: torch.Tensor) -> torch.Tensor:
-        # cls (+ its position) and anchors: [B, 1 + A, D]
-        cls = (self.backbone.cls_token + self.backbone.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
-        return torch.cat([cls, self.anchors(x)], dim=1)
+        # cls (+ its position), registers, anchors: [B, num_prefix, D]
+        B = x.shape[0]
+        parts = [(self.backbone.cls_token + self.backbone.pos_embed[:, :1]).expand(B, -1, -1)]
+        if self.cfg.registers:
+            parts.append(self.registers.expand(B, -1, -1))
+        return torch.cat(parts + [self.anchors(x)], dim=1)
 
-    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens [B,S,D] -> [B,S,D]: timm's blocks, or the recipe's hybrid blocks (inference without a mask)
+    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                   taps: list[torch.Tensor] | None = None) -> torch.Tensor:
+        # tokens [B,S,D] -> [B,S,D]: timm's blocks, or the recipe's hybrid blocks (inference without a mask);
+        # taps: a list that receives every block's output (distillation reads them)
         r = self.recipe
-        if r.blocks == "hybrid" and attn_mask is None:
+        if r.blocks == "hybrid" and attn_mask is None and taps is None:
             from ..kernels.vit_block import hybrid_blocks
             return self.backbone.norm(hybrid_blocks(self.backbone.blocks, tokens, r.gelu_epilogue))
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
             x = block_forward(blk, x, attn_mask, r.gelu_epilogue)
+            if taps is not None:
+                taps.append(x)
         return self.backbone.norm(x)
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
@@ -255,13 +276,17 @@ class DepthPack(nn.Module):
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
     def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
-                         attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                         attn_mask: torch.Tensor | None = None, taps: list | None = None) -> torch.Tensor:
         """images [B,3,H,W] in [0,1] -> features [B,S,D] of the patches in index (None: all N, row-major),
-        after cls + anchors + those patches ran through the blocks (attn_mask over all 1+A+S keys)."""
+        after the prefix (cls, registers, anchors) + those patches ran through the blocks (attn_mask over
+        every key); taps, a list, receives each block's output for those patches."""
         x = self.normalize(images)
-        pre = self.prefix(x)  # [B,1+A,D]
-        tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,1+A+S,D]
-        return self.run_blocks(tokens, attn_mask)[:, pre.shape[1]:]
+        pre = self.prefix(x)  # [B,P,D]
+        tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,P+S,D]
+        out = self.run_blocks(tokens, attn_mask, taps)
+        if taps is not None:
+            taps[:] = [t[:, pre.shape[1]:] for t in taps]
+        return out[:, pre.shape[1]:]
 
     def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor,
                      scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -270,6 +295,20 @@ class DepthPack(nn.Module):
         htok = self.head.token_features(feats)  # [B,S,h]
         htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
         return self.head.decode(htok, points, scale)
+
+    def forward_taps(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None, blocks: tuple[int, ...],
+                     focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """For training: depth [B,Q] and the token of each query's patch after each block in `blocks`
+        [B,Q,len(blocks),D], through the packed path (bucket) or, with bucket None, the dense path."""
+        if bucket is None:
+            index, slot = None, patch_of_points(points, self.cfg.patch_size, self.grid_of(images))
+        else:
+            index, slot = self.select(images, points, bucket)
+        taps: list[torch.Tensor] = []
+        feats = self.forward_features(images, index, taps=taps)
+        depth = self.forward_head(feats, slot, points, self.focal_scale(images, focal))
+        at = [torch.gather(taps[b], 1, slot.unsqueeze(-1).expand(-1, -1, feats.shape[-1])) for b in blocks]
+        return depth, torch.stack(at, dim=2)
 
     def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
                        focal: torch.Tensor | None = None) -> torch.Tensor:

@@ -23,7 +23,10 @@ Options for the packed-versus-dense question (off by default; the default output
 --dense-map adds the dense map's metrics: every valid pixel in the crop, not only the queried points;
 --curve adds the share of patches the packed path runs at each Q (its buffer: min(bucket, N) patch
 tokens per chunk, out of the N of the dense path; and the share the queried points fall in) and
-curve.png: AbsRel against that share, packed (anchors on and off) and dense on the same points.
+curve.png: AbsRel against that share, packed (anchors on and off) and dense on the same points;
+--image-size WxH evaluates on images of another size than the model's (each resized to the model's size,
+antialiased, its points scaled): a dense model at a reduced resolution, read at the same points as the
+full-size models; --context-diagnostic and --gap-curve: depthpack.eval.context.
 """
 from __future__ import annotations
 
@@ -35,16 +38,18 @@ from typing import Any
 import torch
 
 from ..core import cli
-from ..core.checkpoint import load_model, resolve_checkpoint, stored_config
+from ..core.checkpoint import list_checkpoints, load_model, resolve_checkpoint, stored_config
 from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
 from ..core.packing import bucket_for, pad_points, patch_of_points
+from ..core.preprocess import parse_frame_size
 from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..data.datasets import make_dataset
 from ..data.queries import sample_queries
 from ..data.config import DataConfig
+from .context import context_diagnostic, diagnostic_markdown
 from .metrics import MetricAccumulator
-from .viz import depth_figure
+from .viz import depth_figure, gap_figure
 
 METRICS = ("abs_rel", "sq_rel", "rmse", "rmse_log", "log10", "silog", "d1", "d2", "d3")  # table column order
 PATHS = ("packed", "masked", "dense")
@@ -86,8 +91,26 @@ def _at(points: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return m[points[:, 1].long(), points[:, 0].long()]
 
 
+def to_model_size(model, images: torch.Tensor, points: torch.Tensor | None = None, focal: torch.Tensor | None = None):
+    """Images of another size than the model's resized to it (bilinear, antialiased: a user's downsampling),
+    their points and focal scaled alike; at the model's size everything is returned as it is."""
+    size = tuple(model.cfg.img_size)
+    if tuple(images.shape[-2:]) == size:
+        return images, points, focal
+    (h, w), (H, W) = images.shape[-2:], size
+    images = torch.nn.functional.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+    if points is not None:
+        points = (points * torch.tensor([W / w, H / h], device=points.device)).clamp(max=torch.tensor(
+            [W - 1e-3, H - 1e-3], device=points.device))
+    if focal is not None:
+        focal = focal * ((H * W) / (h * w)) ** 0.5
+    return images, points, focal
+
+
 def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
-    """images [B,3,H,W], points [B,Q,2], focal [B] or None -> depth [B,Q] through the named path (checked forwards)."""
+    """images [B,3,H,W], points [B,Q,2], focal [B] or None -> depth [B,Q] through the named path (checked
+    forwards); images of another size than the model's are resized first (to_model_size)."""
+    images, points, focal = to_model_size(model, images, points, focal)
     with torch.inference_mode():
         if path == "packed":
             return model(images, points, focal).float()
@@ -122,6 +145,7 @@ def run_packed_on(model, k: int, images: torch.Tensor, points: torch.Tensor, foc
     """The packed path with a K-slot buffer for Q <= K queries (the points padded as every runner pads
     them): the same queries with more context tokens. -> depth [B,Q]."""
     q = points.shape[1]
+    images, points, focal = to_model_size(model, images, points, focal)
     with torch.inference_mode():
         images, points = check_inputs(images, points, model.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
@@ -171,8 +195,9 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
                 gt = torch.stack([_at(p, smp["depth"]) for _, smp, p in kept])  # [B,Q]
                 targets[q].extend(gt.unbind(0))
                 if s.shares:
-                    grid = model.grid_of(images)
-                    pidx = patch_of_points(points.cpu(), model.cfg.patch_size, grid)
+                    mimages, mpoints, _ = to_model_size(model, images, points)
+                    grid = model.grid_of(mimages)
+                    pidx = patch_of_points(mpoints.cpu(), model.cfg.patch_size, grid)
                     queried[q] += [len(set(r.tolist())) / (grid[0] * grid[1]) for r in pidx]
                 for a in (s.anchors if model.cfg.num_anchors else (False,)):  # a model without anchors: one setting
                     model.use_anchors = a
@@ -212,6 +237,29 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
     return out
 
 
+def gap_curve(run_dir: str | Path, dataset_for, queries: tuple[int, ...], max_images: int, device: str,
+              seed: int = 0) -> list[dict[str, Any]]:
+    """Packed and dense AbsRel (anchors on) at each Q for every complete checkpoint of the run, oldest first.
+    dataset_for(model) gives the held-out data at that model's size."""
+    from tqdm import tqdm
+
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        raise ValueError(f"--gap-curve: {run_dir} holds no checkpoint")
+    out, ds = [], None
+    for c in tqdm(ckpts, desc="checkpoints"):
+        model = load_model(c, device=device)
+        ds = ds or dataset_for(model)
+        s = EvalSettings(queries=queries, anchors=(True,), paths=("packed", "dense"), max_images=max_images, seed=seed,
+                         figure_images=0, progress=False)
+        summary = evaluate(model, ds, s)["summary"]
+        step = int(c.name.split("_")[-1]) if c.name.split("_")[-1].isdigit() else len(out)
+        out.append({"checkpoint": c.name, "step": step, **{key: {"packed": e["packed_abs_rel"], "dense": e["dense_abs_rel"],
+                                                                  "gap": e.get("packed_vs_dense_rel")}
+                                                            for key, e in summary.items()}})
+    return out
+
+
 def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, chunk: int = 4) -> None:
     """The dense map (every pixel) against every valid pixel in the crop, per image, per anchor setting."""
     for a in (s.anchors if model.cfg.num_anchors else (False,)):
@@ -220,13 +268,22 @@ def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, 
         for c in range(0, len(samples), chunk):  # a map decodes H*W points: a few images at a time
             part = [smp for _, smp in samples[c:c + chunk]]
             images = torch.stack([smp["image"] for smp in part]).to(device)
-            focal = sample_focal(part, s.focal, device)
-            with torch.inference_mode():
-                dmap = model.forward_dense(images, None, focal).float().cpu()  # [b,H,W]
+            dmap = dense_map(model, images, sample_focal(part, s.focal, device))
             for smp, pred in zip(part, dmap):
                 mask = smp["valid"] & smp["eval_mask"]
                 if bool(mask.any()):
                     acc.update(pred[mask], smp["depth"][mask])
+
+
+def dense_map(model, images: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor:
+    """The dense path's map [B,h,w] at the images' own size (a model of another size: resized back)."""
+    mimages, _, mfocal = to_model_size(model, images, None, focal)
+    with torch.inference_mode():
+        dmap = model.forward_dense(mimages, None, mfocal).float()
+    if dmap.shape[-2:] != images.shape[-2:]:
+        dmap = torch.nn.functional.interpolate(dmap[:, None], size=images.shape[-2:], mode="bilinear",
+                                               align_corners=False)[:, 0]
+    return dmap.cpu()
 
 
 def selection_shares(model, queries, queried: dict[int, list[float]]) -> list[dict[str, Any]]:
@@ -396,9 +453,8 @@ def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
         if pts is None:
             continue
         img = smp["image"].unsqueeze(0).to(device)
-        with torch.inference_mode():
-            dense = model.forward_dense(img, None, sample_focal([smp], s.focal, device))[0].float().cpu()  # [H,W]
         focal = sample_focal([smp], s.focal, device)
+        dense = dense_map(model, img, focal)[0]  # [H,W]
         pred = run_path(model, "packed", img, pts.unsqueeze(0).to(device), focal)[0].cpu()
         gt = torch.where(smp["valid"], smp["depth"], torch.zeros_like(smp["depth"]))
         name = "eval.png" if not paths else f"eval_{i}.png"
@@ -442,6 +498,20 @@ def data_config(checkpoint: str | Path, data_yaml: str | None, overrides: list[s
     return from_dict(DataConfig, deep_merge(base, over.get("data", {})))
 
 
+def gap_main(a, out: Path, dataset_for, device: str) -> dict[str, Any]:
+    """--gap-curve: packed vs dense at every checkpoint of the run; gap.json, gap.md and gap.png in out."""
+    curve = gap_curve(a.checkpoint, dataset_for, tuple(a.queries), a.max_images or 128, device, a.seed)
+    atomic_write_json(out / "gap.json", {"run": str(a.checkpoint), "curve": curve}, sort_keys=False)
+    keys = [k for k in curve[0] if k.startswith("q")]
+    lines = ["| step | " + " | ".join(f"{k}: packed / dense / gap" for k in keys) + " |", "|---" * (1 + len(keys)) + "|"]
+    fmt = lambda e: f"{e['packed']:.4f} / {e['dense']:.4f} / {100 * e['gap']:+.1f}%"  # noqa: E731
+    lines += [f"| {r['step']} | " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in curve]
+    atomic_write_text(out / "gap.md", "\n".join(lines) + "\n")
+    gap_figure(curve, out / "gap.png")
+    print("\n".join(lines))
+    return {"curve": curve}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = cli.Parser(
         prog="python -m depthpack.eval", description=__doc__, name="eval",
@@ -473,6 +543,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--context", type=int, nargs="*", default=[],
                     help="also run the packed path on these larger buffers (patch slots) for the same queries: rows "
                          "packed@K, what more context tokens buy (e.g. --context 512 1024)")
+    ap.add_argument("--image-size", type=parse_frame_size, default=None, metavar="WxH",
+                    help="evaluate on images of this size (default: the model's): each is resized to the model's "
+                         "size and its points scaled, e.g. a reduced-resolution dense model against full-size ones")
+    ap.add_argument("--context-diagnostic", action="store_true",
+                    help="also where the dense path's query tokens look: attention mass on the prefix, the packed "
+                         "buffer and the patches it leaves out, per block (depthpack.eval.context)")
+    ap.add_argument("--gap-curve", action="store_true",
+                    help="only this: packed vs dense AbsRel for every checkpoint of the run folder --checkpoint, "
+                         "against the step (gap.json, gap.png)")
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -493,10 +572,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = resolve_device(a.device)
     given = Path(a.checkpoint)
     out = check_writable_dir(Path(a.out) if a.out else (given if given.is_dir() else given.parent) / "eval", "--out")
-    model = load_model(a.checkpoint, device=device)
     dcfg = data_config(a.checkpoint, a.data, a.overrides)
+
+    def dataset_for(model):
+        mc = model.cfg
+        return make_dataset(dcfg, split=a.split, img_size=a.image_size or mc.img_size, min_depth=mc.min_depth,
+                            max_depth=mc.max_depth)
+    if a.gap_curve:
+        return gap_main(a, out, dataset_for, device)
+    model = load_model(a.checkpoint, device=device)
     mc = model.cfg
-    ds = make_dataset(dcfg, split=a.split, img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    ds = dataset_for(model)
     anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
     s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
                      edge_frac=a.edge_frac, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
@@ -504,9 +590,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      context=tuple(a.context))
     result = evaluate(model, ds, s)
     cdir = resolve_checkpoint(a.checkpoint)
-    result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc))
+    result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc),
+                  image_size=list(a.image_size or mc.img_size))
+    if a.context_diagnostic:
+        q = max(a.queries)
+        result["context_diagnostic"] = context_diagnostic(model, ds, q, lambda smp, i: eval_points(smp, q, a.seed, i),
+                                                          a.max_images or 32)
     atomic_write_json(out / "eval.json", result, sort_keys=False)
     md = to_markdown(result, f"depthpack accuracy: {cdir}, {dcfg.kind} {a.split}") + extra_markdown(result)
+    if a.context_diagnostic:
+        md += diagnostic_markdown(result["context_diagnostic"])
     atomic_write_text(out / "eval.md", md)
     pngs = figure(model, ds, s, out) if s.figure_images else []
     if a.curve:

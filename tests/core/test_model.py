@@ -323,3 +323,70 @@ def test_recipe_kernels_equal_the_plain_path(tiny, kernels, tol):
             torch.testing.assert_close(fast.forward_dense(img, pts), tiny.forward_dense(img, pts), rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="recipe selection 'sort'"):
         Recipe(selection="sort")
+
+
+CONTEXTS = [dict(context="glance", glance_grid=(4, 4)), dict(context="pooled", glance_grid=(2, 4)),
+            dict(context="glance", glance_grid=(8, 8), registers=4), dict(context="thumbnail", registers=2)]
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_context_tokens_keep_packed_equal_to_masked_and_dense(ctx):
+    """Every context layout ([cls | registers | anchors | patches]): packed == masked exactly, every patch
+    selected == dense, and the context tokens really carry the image (switched off, the answers move)."""
+    m = randomize_(create_model("tiny", **ctx), seed=5).eval()
+    assert m.num_prefix == m.cfg.num_prefix == 1 + ctx.get("registers", 0) + m.cfg.num_anchors
+    for seed in range(2):
+        img, pts = rand_inputs(60 + seed, 2, 23)
+        with torch.no_grad():
+            packed = m(img, pts)
+            torch.testing.assert_close(packed, m.forward_masked(img, pts), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(m.forward_packed(img, pts, 64), m.forward_dense(img, pts), rtol=1e-5, atol=1e-5)
+            m.use_anchors = False
+            off = m(img, pts)
+            m.use_anchors = True
+        assert (off - packed).abs().max() > 1e-3
+
+
+def test_glance_tokens_see_the_whole_image_at_their_regions():
+    """A glance token is its region of the image, box-filtered to one patch, at the position embedding of the
+    region's centre: changing one region's pixels changes that token alone, and the token equals the patch
+    embedding of the region's average when the region is flat."""
+    m = randomize_(create_model("tiny", context="glance", glance_grid=(4, 4)), seed=6).eval()
+    x = m.normalize(torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)))
+    with torch.no_grad():
+        a = m.anchors(x)
+        y = x.clone()
+        y[:, :, 16:32, 32:48] += 0.5  # region (1, 2) of the 4x4 grid
+        b = m.anchors(y)
+    changed = ((a - b).abs().amax(-1) > 1e-6)[0]
+    assert changed.tolist() == [i == 1 * 4 + 2 for i in range(16)]
+    flat = torch.zeros(1, 3, 64, 64)
+    with torch.no_grad():
+        tok = m.anchors(flat)[0, 5]
+        w, bias = m.patch_linear()
+        pos = torch.nn.functional.interpolate(m.patch_pos(8, 8).reshape(1, 8, 8, -1).permute(0, 3, 1, 2), size=(4, 4),
+                                              mode="bicubic", align_corners=False, antialias=True)
+        want = bias + pos[0, :, 1, 1] + m.anchor_scale[0, 0]
+    torch.testing.assert_close(tok, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("over, msg", [(dict(context="glance", glance_grid=(5, 4)), "glance_grid \\(5, 4\\) must be two"),
+                                       (dict(context="pooled", glance_grid=(0, 4)), "glance_grid"),
+                                       (dict(registers=9), "registers 9 must lie in \\[0, 8\\]"),
+                                       (dict(context="sparse"), "context 'sparse' must be one of")])
+def test_context_config_errors_name_the_field(over, msg):
+    with pytest.raises(ValueError, match=msg):
+        create_model("tiny", **over)
+
+
+def test_forward_taps_are_the_blocks_tokens_at_the_queries(tiny):
+    """forward_taps: the packed path's depth unchanged, and the taps equal the dense path's at every query when
+    the bucket holds every patch."""
+    img, pts = rand_inputs(70, 2, 19)
+    with torch.no_grad():
+        depth, taps = tiny.forward_taps(img, pts, 64, (0, 1))
+        dense_depth, dense_taps = tiny.forward_taps(img, pts, None, (0, 1))
+        torch.testing.assert_close(depth, tiny.forward_packed(img, pts, 64))
+    assert taps.shape == (2, 19, 2, tiny.cfg.embed_dim)
+    torch.testing.assert_close(taps, dense_taps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(depth, dense_depth, rtol=1e-5, atol=1e-5)

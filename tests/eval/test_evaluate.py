@@ -110,3 +110,40 @@ def test_dense_map_and_curve_options(run_dir, tmp_path):
         acc.update(pred[m], s["depth"][m])
     assert r["dense_map"][0]["abs_rel"] == pytest.approx(acc.compute()["abs_rel"], rel=1e-5)
     assert r["focal"]["mode"] == "data" and r["focal"]["images_with_focal"] == 3
+
+
+def test_scenes_of_another_size_run_the_model_at_its_own(run_dir, tmp_path):
+    """--image-size: the held-out images at 96x96 are resized to the tiny model's 64x64 and their points
+    scaled; the answers equal the model's on images resized by hand."""
+    from depthpack.core.checkpoint import load_model
+    from depthpack.eval.evaluate import run_path, to_model_size
+
+    r = main(["--checkpoint", str(run_dir), "--queries", "16", "--max-images", "2", "--figure-images", "1",
+              "--image-size", "96x96", "--paths", "packed", "dense", "--dense-map", "--no-progress",
+              "--out", str(tmp_path / "e")])
+    assert r["image_size"] == [96, 96] and all(row["images"] == 2 for row in r["rows"])
+    model = load_model(run_dir)
+    g = torch.Generator().manual_seed(0)
+    images, points = torch.rand(2, 3, 96, 96, generator=g), torch.rand(2, 9, 2, generator=g) * 95.9
+    small, spts, _ = to_model_size(model, images, points)
+    assert small.shape[-2:] == (64, 64) and float(spts.max()) < 64
+    torch.testing.assert_close(run_path(model, "packed", images, points), run_path(model, "packed", small, spts))
+
+
+def test_context_diagnostic_masses_and_the_gap_curve(run_dir, tmp_path):
+    """The attention masses of the query tokens sum to one per block (prefix + buffer + left out), the
+    top-norm shares too; the gap curve has one row per checkpoint, with the step from its name."""
+    r = main(["--checkpoint", str(run_dir), "--queries", "8", "--max-images", "2", "--figure-images", "0",
+              "--paths", "packed", "--anchors", "on", "--context-diagnostic", "--no-progress", "--out", str(tmp_path / "d")])
+    d = r["context_diagnostic"]
+    assert d["images"] == 2 and len(d["blocks"]) == 2
+    for b in d["blocks"]:
+        assert sum(b["attention"].values()) == pytest.approx(1.0, abs=1e-4)
+        assert sum(b["top_norm_tokens"].values()) == pytest.approx(1.0, abs=1e-6)
+        assert b["attention"]["left_out"] > 0  # 8 queries: most of the 64 patches are left out
+    assert "left out" in (tmp_path / "d" / "eval.md").read_text()
+    g = main(["--checkpoint", str(run_dir), "--gap-curve", "--queries", "8", "--max-images", "2",
+              "--out", str(tmp_path / "g")])
+    steps = [row["step"] for row in g["curve"]]
+    assert steps == sorted(steps) and steps[-1] == 3 and all(row["q8"]["dense"] > 0 for row in g["curve"])
+    assert (tmp_path / "g" / "gap.png").stat().st_size > 0 and (tmp_path / "g" / "gap.md").read_text().count("|") > 4
