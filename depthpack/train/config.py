@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import re
+import yaml
 
 from ..core.config import (ModelConfig, coerce_dict, coerce_fields, deep_merge, from_dict, load_yaml, model_config,
                            parse_overrides, to_dict)
+from ..core.files import atomic_write_text
 from ..data.config import DataConfig
 
 
@@ -148,7 +150,6 @@ def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:
     return rng.choice(rng.choice(ranges))
 
 
-
 def load_train_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:
     """YAML (only what differs from the defaults) + `key=value` overrides -> TrainConfig.
     Unknown keys anywhere (train, model, data) are a ValueError naming them."""
@@ -159,8 +160,4 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | dic
 
 def dump_yaml(cfg, path: str | Path) -> None:
     """Write a (nested) dataclass config as YAML, atomically (a run's config.yaml)."""
-    import yaml
-
-    from ..core.files import atomic_write_text
-
     atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,12 +1,11 @@
 """The training data path on the device: every scene in one uint8 tensor, batches made there.
 
     data = DeviceScenes(store, device, cfg, mcfg, rank)    # store: depthpack.data.store.SceneStore
-    for step, q, idx in device_stream(data.n, cfg, d, start_step, buckets):
-        b = data.batch(idx, q, bucket_for(q, buckets), step)   # a DeviceBatch: images, points, ...
+    for step, q, idx in device_stream(data.n, cfg, world, rank, start_step, buckets, device):
+        b = data.batch(idx, q, bucket_for(q, buckets), step)   # a depthpack.train.batches.Batch
 
 Why: rendering or loading samples on the host, collating them and copying them over made training
-data-bound (100 images/s for vits 420x560 with 12 workers, while the step itself needs a few ms).
-Here a batch is a handful of kernels with no host work and no host sync: one index_select of the
+data-bound. Here a batch is a handful of kernels with no host work and no host sync: one index_select of the
 batch's rows (image uint8, depth float16, focal float32 in one row, depthpack.data.store), the
 left-right mirror as a select, and the query points drawn by Gumbel top-k (sampling without
 replacement, weights uniform over the valid pixels or, for the edge share, the Sobel magnitude of
@@ -15,34 +14,22 @@ the image as depthpack.data.sample_queries weighs them). The points are padded t
 points), so the shapes of a step depend on its bucket alone: one compiled graph per bucket.
 
 Everything random is drawn from a generator on the device seeded by (seed, step, rank), and the batch
-order is the DistributedSampler permutation of the host stream, so a resumed run replays the same
-batches. It is not the host stream's sampler (another algorithm draws the points), so a run keeps
-the data path it started with.
+order is the host path's (batch_order), so a resumed run replays the same batches. It is not the host
+path's sampler (another algorithm draws the points), so a run keeps the data path it started with.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-from torch.utils.data import DistributedSampler
 
 from ..core.config import ModelConfig
 from ..data.queries import sobel_magnitude
 from ..data.store import SceneStore, decode_rows
+from .batches import Batch, at_points, batch_order
 from .config import TrainConfig, draw_q
 
 LOAD_CHUNK_BYTES = 256 << 20  # host -> device copy in pieces of this size (no giant staging buffer)
-
-
-@dataclass
-class DeviceBatch:
-    images: torch.Tensor  # [B,3,H,W] float32 in [0,1]
-    points: torch.Tensor  # [B,K,2] float32 (x, y), K = bucket; the first q real, the rest copies
-    target: torch.Tensor  # [B,K] float32 meters
-    valid: torch.Tensor  # [B,K] bool (False for the padding)
-    extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None  # (points, parent, target, valid)
-    focal: torch.Tensor  # [B] float32 pixels (0 = unknown)
 
 
 def load_rows(store: SceneStore, device: torch.device) -> torch.Tensor:
@@ -82,13 +69,6 @@ def sample_points(valid: torch.Tensor, images: torch.Tensor, q: int, edge_frac: 
     return torch.stack([idx % W, torch.div(idx, W, rounding_mode="floor")], dim=-1).float()
 
 
-def at_points(points: torch.Tensor, *maps: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Values of [B,H,W] maps at the pixels of points [B,P,2] -> [B,P] each."""
-    W = maps[0].shape[-1]
-    flat = points[..., 1].long() * W + points[..., 0].long()
-    return tuple(torch.gather(m.reshape(m.shape[0], -1), 1, flat) for m in maps)
-
-
 class DeviceScenes:
     """A scene store resident on the training device, and the batches made from it."""
 
@@ -101,10 +81,7 @@ class DeviceScenes:
         self.n = store.n
         self.gen = torch.Generator(device=device)
 
-    def bytes(self) -> int:
-        return self.rows.numel()
-
-    def batch(self, idx: torch.Tensor, q: int, bucket: int, step: int) -> DeviceBatch:
+    def batch(self, idx: torch.Tensor, q: int, bucket: int, step: int) -> Batch:
         """The batch of scene indices idx [B] (on the device) with q query points each, padded to bucket."""
         cfg, mcfg, dev = self.cfg, self.mcfg, self.device
         g = self.gen
@@ -133,25 +110,14 @@ class DeviceScenes:
             xp = corner + torch.randint(p, (B, n, 2), generator=g, device=dev).float()
             xt, xv = at_points(xp, depth, valid_map)
             extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.extra_points * q))
-        return DeviceBatch(images, points, target, valid, extra, focal.float())
+        return Batch(images, points, target, valid, extra, focal.float(), bucket, q, step)
 
 
 def device_stream(n: int, cfg: TrainConfig, world: int, rank: int, start_step: int, buckets: tuple[int, ...],
                   device: torch.device) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """(step, q, idx [B] on the device) for steps start_step+1 .. cfg.steps: the batch order of the host
-    stream (a DistributedSampler permutation per epoch) and its Q (draw_q)."""
-    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    per_epoch = len(sampler) // cfg.batch_size
-    if per_epoch == 0:
-        raise ValueError(f"the scene store has {n} scenes: fewer than one batch of {cfg.batch_size} per process "
-                         f"({world} processes)")
-    step, epoch_now, perm = start_step, None, None
+    """(step, q, idx [B] on the device) for steps start_step+1 .. cfg.steps: batch_order, and its Q (draw_q)."""
     B = cfg.batch_size
-    while step < cfg.steps:
-        epoch, offset = divmod(step, per_epoch)
-        if epoch != epoch_now:
-            sampler.set_epoch(epoch)
-            perm = torch.tensor(list(sampler), dtype=torch.long, device=device)
-            epoch_now = epoch
-        step += 1
-        yield step, draw_q(cfg, buckets, step), perm[offset * B:(offset + 1) * B]
+    for perm, steps, offset in batch_order(n, cfg, world, rank, start_step, "the scene store"):
+        perm = torch.tensor(perm, dtype=torch.long, device=device)  # one copy an epoch: no host sync a step
+        for i, step in enumerate(steps, offset):
+            yield step, draw_q(cfg, buckets, step), perm[i * B:(i + 1) * B]

@@ -1,8 +1,11 @@
-"""Training losses. One SILog, as Depth-Anything-V2's metric-depth SiLogLoss, in fixed-shape form."""
+"""Training losses: SiLogLoss (Depth-Anything-V2's, in fixed-shape form) and PackedObjective, what a
+training step minimises: the loss of the packed path at the queried points, as the model runs at inference."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
+from ..core.model import DepthPack
 
 
 class SiLogLoss(nn.Module):
@@ -34,3 +37,45 @@ class SiLogLoss(nn.Module):
         mean = g.sum() / n
         var = g.square().sum() / n - self.lambd * mean.square()
         return torch.sqrt(var.clamp_min(1e-12)) * (m.any().float())
+
+
+class PackedObjective(nn.Module):
+    """SILog of the packed path at the queried points, + distill_weight * mean |log packed - log dense|
+    toward the dense path of the same model (no gradient through it). One module, so DDP sees every
+    parameter its forward uses.
+
+    forward(...) -> (loss, terms): terms are the loss's parts by name, detached scalars; each becomes a
+    column of log.csv (in this order), so a new term is one more entry.
+    """
+
+    def __init__(self, model: DepthPack, silog_lambda: float, distill_weight: float):
+        super().__init__()
+        self.model = model
+        self.silog = SiLogLoss(lambd=silog_lambda)
+        self.distill_weight = distill_weight
+
+    def forward(self, images: torch.Tensor, points: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
+                bucket: int, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                focal: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool, focal [B] pixels (0 unknown).
+        # extra: (points [B,E,2], parent [B,E] (the query whose patch holds each), target, valid [B,E]):
+        # decoded from the tokens the queries already selected, so they cost the head only
+        m = self.model
+        index, slot = m.select(images, points, bucket)  # forward_packed, in its parts
+        feats = m.forward_features(images, index)
+        if extra is not None:
+            xp, parent, xt, xv = extra
+            slot = torch.cat([slot, torch.gather(slot, 1, parent)], dim=1)
+            points, target, valid = torch.cat([points, xp], 1), torch.cat([target, xt], 1), torch.cat([valid, xv], 1)
+        pred = m.forward_head(feats, slot, points, m.focal_scale(images, focal))  # [B,Q(+E)] float32
+        silog = self.silog(pred, target, valid)
+        distill = pred.new_zeros(())
+        if self.distill_weight > 0:
+            with torch.no_grad():
+                teacher = m.forward_dense_core(images, points, None, focal)
+            w = valid.float()
+            distill = ((pred.log() - teacher.float().log()).abs() * w).sum() / w.sum().clamp_min(1.0)
+        # without distillation the loss IS silog: `silog + 0.0 * zeros` came out of Inductor without a
+        # grad_fn (torch 2.14 CPU), so the compiled step could not backpropagate
+        loss = silog + self.distill_weight * distill if self.distill_weight > 0 else silog
+        return loss, {"silog": silog.detach(), "distill": distill.detach()}

@@ -1,15 +1,12 @@
 """One training step (forward, backward, gradient clipping, AdamW), eager or replayed from a CUDA graph.
 
     step = TrainStep(objective, model, opt, cfg.grad_clip, cfg.amp, device, graph=cfg.graph)
-    loss, silog, distill, grad_norm = step(images, points, target, valid, bucket, extra, focal)
+    loss, terms, grad_norm = step(batch)          # batch: a depthpack.train.batches.Batch
 
-Why a graph (cfg.graph): on a small model the step is launch-bound. The demo's 0.85 M-parameter ViT
-took 13.3 ms of compute per step on an H200, most of it the host issuing small kernels one by one;
-replayed from a CUDA graph, the same kernels go out in one call (1.5-1.7 ms).
-
-With cfg.graph, each bucket gets one graph: its first WARMUP steps run eagerly on a side stream (real
-steps: they train), the next is captured and then replayed, and every later step of that bucket
-copies its batch into the graph's input buffers and replays. Capture needs, and this arranges:
+Why a graph (cfg.graph): a small model's step is launch-bound; from a CUDA graph its kernels go out in
+one call. Each bucket gets one graph: its first WARMUP steps run eagerly on a side stream (they
+train), the next is captured, and every later step of that bucket copies its batch into the graph's
+input buffers and replays. Capture needs, and this arranges:
 - fixed shapes per bucket: the device data path (data.device_cache) pads every batch to its bucket;
 - AdamW fused and capturable, its learning rates device tensors that the scheduler fills between
   replays (a Python float would be frozen into the graph at capture);
@@ -22,13 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
 
+from .batches import Batch
+
 WARMUP = 3  # eager steps per bucket before its capture (lazy initialisation stays out of the graph)
 
-StepOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # loss, silog, distill, grad norm
+StepOut = tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]  # loss, its terms (the objective's), grad norm
 
 
 def check_graph_config(graph: bool, device: torch.device, device_data: bool, world: int, compiled: bool = False) -> None:
@@ -68,15 +68,14 @@ def plain_lr_state(opt_state: dict, sched_state: dict) -> tuple[dict, dict]:
     return opt_state, sched_state
 
 
-def _flatten(args: tuple) -> list[torch.Tensor | None]:
-    images, points, target, valid, extra, focal = args
-    return [images, points, target, valid, *(extra if extra is not None else (None,) * 4), focal]
+def _flatten(b: Batch) -> list[torch.Tensor | None]:
+    return [b.images, b.points, b.target, b.valid, *(b.extra if b.extra is not None else (None,) * 4), b.focal]
 
 
-def _unflatten(flat: list) -> tuple:
+def _unflatten(flat: list, b: Batch) -> Batch:
     images, points, target, valid, x0, x1, x2, x3, focal = flat
     extra = None if x0 is None else (x0, x1, x2, x3)
-    return images, points, target, valid, extra, focal
+    return replace(b, images=images, points=points, target=target, valid=valid, extra=extra, focal=focal)
 
 
 def _layout(flat: list) -> tuple:
@@ -98,31 +97,31 @@ class TrainStep:
             make_capturable(opt, device)
             self.side = torch.cuda.Stream(device)
 
-    def eager(self, images, points, target, valid, bucket: int, extra=None, focal=None) -> StepOut:
+    def eager(self, b: Batch) -> StepOut:
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not self.graph) if self.amp
                     else contextlib.nullcontext())
         with autocast:
-            loss, silog, distill = self.runner(images, points, target, valid, bucket, extra, focal)
+            loss, terms = self.runner(b.images, b.points, b.target, b.valid, b.bucket, b.extra, b.focal)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.opt.step()
-        return loss, silog, distill, gnorm
+        return loss, terms, gnorm
 
-    def __call__(self, images, points, target, valid, bucket: int, extra=None, focal=None) -> StepOut:
+    def __call__(self, b: Batch) -> StepOut:
         if not self.graph:
-            return self.eager(images, points, target, valid, bucket, extra, focal)
-        flat = _flatten((images, points, target, valid, extra, focal))
-        captured = self.graphs.get(bucket)
+            return self.eager(b)
+        flat = _flatten(b)
+        captured = self.graphs.get(b.bucket)
         if captured is None:
-            n = self.seen.get(bucket, 0)
-            self.seen[bucket] = n + 1
+            n = self.seen.get(b.bucket, 0)
+            self.seen[b.bucket] = n + 1
             if n < WARMUP:
-                return self._on_side_stream(images, points, target, valid, bucket, extra, focal)
-            captured = self._capture(bucket, flat)
+                return self._on_side_stream(b)
+            captured = self._capture(b, flat)
         graph, static, layout, out = captured
         if _layout(flat) != layout:
-            raise ValueError(f"bucket {bucket}: the batch's tensors {_layout(flat)} differ from those its graph was "
+            raise ValueError(f"bucket {b.bucket}: the batch's tensors {_layout(flat)} differ from those its graph was "
                              f"captured with {layout}")
         for s, t in zip(static, flat):
             if s is not None:
@@ -130,23 +129,22 @@ class TrainStep:
         graph.replay()
         return out
 
-    def _on_side_stream(self, *args) -> StepOut:
+    def _on_side_stream(self, b: Batch) -> StepOut:
         cur = torch.cuda.current_stream(self.device)
         self.side.wait_stream(cur)
         with torch.cuda.stream(self.side):
-            out = self.eager(*args)
+            out = self.eager(b)
         cur.wait_stream(self.side)
         return out
 
-    def _capture(self, bucket: int, flat: list) -> tuple:
+    def _capture(self, b: Batch, flat: list) -> tuple:
         t0 = time.perf_counter()
         static = [None if t is None else t.clone() for t in flat]
-        images, points, target, valid, extra, focal = _unflatten(static)
         self.opt.zero_grad(set_to_none=True)  # the graph allocates the gradients it writes
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self.eager(images, points, target, valid, bucket, extra, focal)
-        self.graphs[bucket] = captured = (graph, static, _layout(flat), out)
-        self.capture_s[bucket] = round(time.perf_counter() - t0, 3)
+            out = self.eager(_unflatten(static, b))
+        self.graphs[b.bucket] = captured = (graph, static, _layout(flat), out)
+        self.capture_s[b.bucket] = round(time.perf_counter() - t0, 3)
         return captured

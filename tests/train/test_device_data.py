@@ -92,6 +92,7 @@ def test_batches_made_on_the_device_are_the_samples_with_their_points(store, tmp
     idx = torch.tensor([3, 0, 9, 3])
     q, bucket = 5, 8
     b = data.batch(idx, q, bucket, step=7)
+    assert (b.q, b.bucket, b.step) == (q, bucket, 7)
     again = data.batch(idx, q, bucket, step=7)
     other = data.batch(idx, q, bucket, step=8)
     assert all(torch.equal(x, y) for x, y in zip((b.images, b.points, b.target, b.valid), (again.images, again.points,
@@ -120,7 +121,7 @@ def test_batches_made_on_the_device_are_the_samples_with_their_points(store, tmp
 
 
 def test_stream_matches_the_host_streams_order(store, tmp_path):
-    from depthpack.train.loop import draw_q
+    from depthpack.train.config import draw_q
 
     cfg = tiny_cfg(tmp_path, "steps=7", "batch_size=4")
     got = list(device_stream(10, cfg, 1, 0, 2, cfg.model_config().buckets, torch.device("cpu")))

@@ -33,13 +33,14 @@ ARGS = ["--config", "configs/tiny.yaml", f"steps={STEPS}", "ckpt_every=3", "log_
 DRILL_CHILD = r"""
 import csv, io, os, runpy, signal, sys
 from pathlib import Path
+import depthpack.train.log as log
 import depthpack.train.loop as loop
 
 moment, _, at = os.environ["DRILL"].partition("@")
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 if moment in ("log-row-cut", "eval-row-cut"):  # a kill in the middle of appending a row
-    target, append = ("log.csv" if moment == "log-row-cut" else "eval.csv"), loop.RunLog._append
+    target, append = ("log.csv" if moment == "log-row-cut" else "eval.csv"), log.RunLog._append
     def cut(self, path, row):
         if path.name == target and row["step"] == int(at):
             buf = io.StringIO()
@@ -48,14 +49,14 @@ if moment in ("log-row-cut", "eval-row-cut"):  # a kill in the middle of appendi
                 f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
             die()
         append(self, path, row)
-    loop.RunLog._append = cut
+    log.RunLog._append = cut
 elif moment == "after-rewrite":  # a resumed run has just rewritten log.csv
-    truncate = loop.RunLog._truncate
+    truncate = log.RunLog._truncate
     def rewritten(path, start_step):
         truncate(path, start_step)
         if path.name == "log.csv":
             die()
-    loop.RunLog._truncate = staticmethod(rewritten)
+    log.RunLog._truncate = staticmethod(rewritten)
 elif moment == "mid-rewrite":  # the new log.csv is written to its temporary name, not yet renamed
     replace = os.replace
     def dying_replace(src, dst, *a, **k):
@@ -65,10 +66,10 @@ elif moment == "mid-rewrite":  # the new log.csv is written to its temporary nam
     os.replace = dying_replace
 elif moment == "final-eval":  # in the last evaluation (before the last checkpoint)
     validate = loop._validate
-    def dying_validate(model, cfg, mcfg, step, log):
+    def dying_validate(model, cfg, step, log):
         if step == cfg.steps:
             die()
-        return validate(model, cfg, mcfg, step, log)
+        return validate(model, cfg, step, log)
     loop._validate = dying_validate
 elif moment == "before-summary":  # every row and the last checkpoint written, summary.json not
     write_json = loop.atomic_write_json
@@ -248,18 +249,19 @@ def _rss_bytes() -> int:
 
 
 @pytest.mark.slow
-def test_soak_10000_calls_equal_eager_no_recompile_flat_memory():
+def test_soak_10000_calls_equal_eager_no_recompile_flat_memory(aot_eager):
     """10,000 calls of random query counts across the buckets and chunks beyond them, through the
     compiled Predictor (aot_eager on the CPU: Inductor there costs ~50 s a bucket; the Inductor and
     CUDA-graph version runs on the H200 in tests/test_predictor.py): every answer equals the eager
     model's, nothing recompiles after warmup, and the process memory stays flat."""
     from conftest import randomize_
     from depthpack import create_model
+    from depthpack.core.fast import Recipe
     from depthpack.runtime.predictor import Predictor, compile_counter
 
     torch.set_num_threads(1)
     model = randomize_(create_model("tiny")).eval()
-    pred = Predictor(model, device="cpu", backend="compile", batch_size=1, compile_backend="aot_eager")
+    pred = Predictor(model, device="cpu", fast=Recipe(compile=True), batch_size=1)
     pred.warmup()
     g = torch.Generator().manual_seed(3)
     sets = []

@@ -78,21 +78,28 @@ def test_shipped_configs_hold_only_differences(name):
 
 
 # ---- the objective ------------------------------------------------------------------------------
+def host_batch(ds, q: int, n: int, **kw):
+    """A Batch of the first n samples of ds with q points each, as the host data path makes it (step 1)."""
+    from depthpack.train.batches import WithQueries, to_batch
+
+    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, **kw)
+    batch = torch.utils.data.default_collate([wq[(i, 1, i, q)] for i in range(n)])
+    return to_batch(batch, 1, q, q, torch.device("cpu")), batch, wq
+
+
 def test_a_few_steps_reduce_the_loss_on_a_fixed_batch():
     from depthpack.data import make_dataset
-    from depthpack.train.loop import PackedObjective, WithQueries, build_model, make_optimizer, targets_for_batch
+    from depthpack.train.loop import PackedObjective, build_model, make_optimizer
 
     cfg = load_train_config(TINY, ["lr=2e-3", "warmup_steps=0"])
     mc = cfg.model_config()
     ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
-    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5)
-    batch = torch.utils.data.default_collate([wq[(i, 1, i, 32)] for i in range(4)])
-    points, target, valid = targets_for_batch(batch)
+    b, _, _ = host_batch(ds, 32, 4)
     model = build_model(cfg, torch.device("cpu"))
     obj, opt = PackedObjective(model, 0.5, 0.0), make_optimizer(model, cfg)
     losses = []
     for _ in range(15):
-        loss, _, _ = obj(batch["image"], points, target, valid, bucket_for(32, model.cfg.buckets))
+        loss, _ = obj(b.images, b.points, b.target, b.valid, bucket_for(32, model.cfg.buckets))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -103,22 +110,20 @@ def test_a_few_steps_reduce_the_loss_on_a_fixed_batch():
 def test_distillation_term_is_zero_when_all_tokens_are_selected():
     """At a bucket >= N patches the packed path IS the dense path, so the distillation term is ~0."""
     from depthpack.data import make_dataset
-    from depthpack.train.loop import PackedObjective, WithQueries, build_model, targets_for_batch
+    from depthpack.train.loop import PackedObjective, build_model
 
     cfg = load_train_config(TINY)
     mc = cfg.model_config()
     ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
-    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5)
-    batch = torch.utils.data.default_collate([wq[(i, 1, i, 16)] for i in range(2)])
-    points, target, valid = targets_for_batch(batch)
+    b, _, _ = host_batch(ds, 16, 2)
     obj = PackedObjective(randomize_(build_model(cfg, torch.device("cpu"))), 0.5, 1.0)  # attention that matters
-    _, _, full = obj(batch["image"], points, target, valid, mc.num_patches)
-    _, _, part = obj(batch["image"], points, target, valid, 16)
+    full = obj(b.images, b.points, b.target, b.valid, mc.num_patches)[1]["distill"]
+    part = obj(b.images, b.points, b.target, b.valid, 16)[1]["distill"]
     assert float(full) < 1e-5 and float(part) > 10 * float(full)
 
 
 def test_every_bucket_is_drawn():
-    from depthpack.train.loop import draw_q
+    from depthpack.train.config import draw_q
 
     cfg = load_train_config(TINY)
     buckets = cfg.model_config().buckets
@@ -131,20 +136,25 @@ def test_batches_do_not_depend_on_workers_or_on_where_the_stream_starts():
     """The data position is the step: a stream started at step 3 (a resume, mid-epoch) with a worker
     process yields what the stream from step 0 without workers yields at steps 4-5."""
     from depthpack.data import make_dataset
-    from depthpack.train.loop import Dist, batch_stream
+    from depthpack.train.batches import batch_order, host_batches
 
     cfg = load_train_config(TINY, ["steps=5", "data.num_samples=8"])  # 2 batches per epoch
     mc = cfg.model_config()
     ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
-    full = list(batch_stream(ds, cfg, Dist(), 0, mc.buckets))
+    cpu = torch.device("cpu")
+    full = list(host_batches(ds, cfg, 0, 1, 0, cpu))
     cfg.num_workers = 1
-    tail = list(batch_stream(ds, cfg, Dist(), 3, mc.buckets))
-    assert [s for s, _, _ in full] == [1, 2, 3, 4, 5] and [s for s, _, _ in tail] == [4, 5]
-    for (s1, q1, b1), (s2, q2, b2) in zip(full[3:], tail):
-        assert (s1, q1, b1["name"]) == (s2, q2, b2["name"])
-        assert torch.equal(b1["points"], b2["points"]) and torch.equal(b1["image"], b2["image"])
-    assert sorted(full[0][2]["name"] + full[1][2]["name"]) == sorted(full[2][2]["name"] + full[3][2]["name"])
-    assert full[0][2]["name"] + full[1][2]["name"] != full[2][2]["name"] + full[3][2]["name"]  # a new permutation
+    tail = list(host_batches(ds, cfg, 0, 1, 3, cpu))
+    assert [b.step for b in full] == [1, 2, 3, 4, 5] and [b.step for b in tail] == [4, 5]
+    for b1, b2 in zip(full[3:], tail):
+        assert (b1.q, b1.bucket) == (b2.q, b2.bucket) == (b1.points.shape[1], bucket_for(b1.q, mc.buckets))
+        assert all(torch.equal(getattr(b1, k), getattr(b2, k)) for k in ("images", "points", "target", "valid"))
+    epochs = list(batch_order(8, cfg, 1, 0, 0, "the data set"))  # every epoch a new permutation of all samples
+    assert [(list(steps), offset) for _, steps, offset in epochs] == [([1, 2], 0), ([3, 4], 0), ([5], 0)]
+    assert all(sorted(perm) == list(range(8)) for perm, _, _ in epochs) and epochs[0][0] != epochs[1][0]
+    assert [(list(s), o) for _, s, o in batch_order(8, cfg, 1, 0, 3, "x")] == [([4], 1), ([5], 0)]
+    with pytest.raises(ValueError, match="the data set has 8 samples: fewer than one batch of 16"):
+        next(batch_order(8, load_train_config(TINY, ["batch_size=16"]), 1, 0, 0, "the data set"))
 
 
 # ---- training runs, checkpoints, resume ---------------------------------------------------------
@@ -243,23 +253,32 @@ class _Evil:
 
 
 def test_pickled_code_in_training_state_is_refused(done, tmp_path):
+    """Code pickled into state.pt is never run: the checkpoint is refused, in one line, and resume falls
+    back to the previous one; with every checkpoint refused, resume is one error."""
     from depthpack.train import train
 
     _Evil.marker = tmp_path / "pwned"
     tmp_path = copy_run(done, tmp_path / "run")
-    d = ck.step_dir(tmp_path, 6)
     payload = pickle.dumps({"step": 6, "x": _Evil()})
     buf = io.BytesIO()
     torch.save({"step": 6, "x": _Evil()}, buf)
     for blob in (buf.getvalue(), payload):
-        (d / ck.STATE).write_bytes(blob)
-        meta = json.loads((d / ck.META).read_text())  # an attacker can fix the hashes too
-        meta["files"][ck.STATE] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-        (d / ck.META).write_text(json.dumps(meta))
-        with pytest.raises(ck.CheckpointError, match="refused or unreadable"):
-            ck.load_state_bytes(ck.verify_checkpoint(d)[ck.STATE], d / ck.STATE)
-        with pytest.raises(ck.CheckpointError, match="refused or unreadable"):
+        for d in ck.list_checkpoints(tmp_path)[::-1]:
+            (d / ck.STATE).write_bytes(blob)
+            meta = json.loads((d / ck.META).read_text())  # an attacker can fix the hashes too
+            meta["files"][ck.STATE] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+            (d / ck.META).write_text(json.dumps(meta))
+            with pytest.raises(ck.CheckpointError, match="refused or unreadable") as e:
+                ck.load_state_bytes(ck.verify_checkpoint(d)[ck.STATE], d / ck.STATE)
+            assert "\n" not in str(e.value) and "weights_only" not in str(e.value)
+        with pytest.raises(ck.CheckpointError, match="no usable checkpoint.*refused or unreadable"):
             train(tiny_cfg(tmp_path, "steps=8", "resume=true"))
+    assert not _Evil.marker.exists()
+    copy = copy_run(done, tmp_path.parent / "newest")  # only the newest refused: resume from the one before
+    shutil.copy(tmp_path / "checkpoints" / "step_00000006" / ck.STATE, ck.step_dir(copy, 6) / ck.STATE)
+    shutil.copy(ck.step_dir(tmp_path, 6) / ck.META, ck.step_dir(copy, 6) / ck.META)
+    with pytest.warns(UserWarning, match=r"step_00000006/state.pt: refused or unreadable.*; using the previous checkpoint"):
+        assert train(tiny_cfg(copy, "steps=8", "resume=true"))["resumed_from"] == 3
     assert not _Evil.marker.exists()
 
 
@@ -315,34 +334,33 @@ def test_extra_points_lie_in_their_query_patch_and_cost_no_token():
     the queries selected: the loss equals the packed forward over queries + extras together."""
     from depthpack.data import make_dataset
     from depthpack.train.losses import SiLogLoss
-    from depthpack.train.loop import PackedObjective, WithQueries, build_model, gather_at, targets_for_batch
+    from depthpack.train.loop import PackedObjective, build_model
 
     cfg = load_train_config(TINY)
     mc = cfg.model_config()
     p = mc.patch_size
     ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
-    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, extra_points=2, patch_size=p)
-    batch = torch.utils.data.default_collate([wq[(i, 1, i, 4)] for i in range(3)])
-    assert batch["extra_points"].shape == (3, 8, 2) and batch["extra_parent"].shape == (3, 8)
-    parents = torch.gather(batch["points"], 1, batch["extra_parent"][..., None].expand(-1, -1, 2))
-    assert torch.equal(torch.div(batch["extra_points"], p, rounding_mode="floor"),
-                       torch.div(parents, p, rounding_mode="floor"))
-    assert torch.equal(wq[(1, 1, 1, 4)]["extra_points"], batch["extra_points"][1])  # seeded like the points
-    points, target, valid = targets_for_batch(batch)
-    xt, xv = gather_at(batch["extra_points"], batch["depth"], batch["valid"])
+    b, batch, wq = host_batch(ds, 4, 3, extra_points=2, patch_size=p)
+    xp, parent, xt, xv = b.extra
+    assert xp.shape == (3, 8, 2) and parent.shape == (3, 8)
+    parents = torch.gather(b.points, 1, parent[..., None].expand(-1, -1, 2))
+    assert torch.equal(torch.div(xp, p, rounding_mode="floor"), torch.div(parents, p, rounding_mode="floor"))
+    assert torch.equal(wq[(1, 1, 1, 4)]["extra_points"], xp[1])  # seeded like the points
+    xy = xp.long()
+    assert torch.equal(xt, batch["depth"][torch.arange(3)[:, None], xy[..., 1], xy[..., 0]])  # the truth at them
     model = randomize_(build_model(cfg, torch.device("cpu"))).eval()
     obj = PackedObjective(model, 0.5, 0.0)
     with torch.no_grad():
-        loss, _, _ = obj(batch["image"], points, target, valid, 16, (batch["extra_points"], batch["extra_parent"], xt, xv))
-        both = torch.cat([points, batch["extra_points"]], 1)
-        want = SiLogLoss(0.5)(model.forward_packed(batch["image"], both, 16), torch.cat([target, xt], 1),
-                              torch.cat([valid, xv], 1))
+        loss, _ = obj(b.images, b.points, b.target, b.valid, 16, b.extra)
+        both = torch.cat([b.points, xp], 1)
+        want = SiLogLoss(0.5)(model.forward_packed(b.images, both, 16), torch.cat([b.target, xt], 1),
+                              torch.cat([b.valid, xv], 1))
     assert abs(float(loss) - float(want)) < 1e-5
 
 
 def test_hflip_mirrors_image_and_maps_before_the_points_are_drawn():
     from depthpack.data import make_dataset
-    from depthpack.train.loop import WithQueries, hflip_sample
+    from depthpack.train.batches import WithQueries, hflip_sample
 
     cfg = load_train_config(TINY)
     mc = cfg.model_config()

@@ -1,0 +1,127 @@
+"""What a training step reads (Batch), the batch order both data paths follow, and the host data path.
+
+    for b in host_batches(train_set, cfg, rank, world, start_step, device):   # Batch on the device
+        loss, terms, grad_norm = train_step(b)
+
+Both data paths yield a Batch on the device, this one (a DataLoader over the data set: Q points per
+sample from depthpack.data.sample_queries, after an optional mirror) and depthpack.train.device_data,
+so the loop never asks which it is on. Both follow batch_order: a step's images depend only on (seed,
+step, rank, world), a DistributedSampler permutation per epoch, its Q only on (seed, step) (draw_q).
+The data position is the step: that is what makes resuming exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ..core.packing import bucket_for
+from ..data.queries import sample_queries
+from .config import TrainConfig, draw_q
+
+
+@dataclass
+class Batch:
+    """One training step's input, on the training device."""
+    images: torch.Tensor  # [B,3,H,W] float32 in [0,1]
+    points: torch.Tensor  # [B,K,2] float32 (x, y) pixels; K = q, or the bucket on the device path (the padding invalid)
+    target: torch.Tensor  # [B,K] float32 meters
+    valid: torch.Tensor  # [B,K] bool
+    extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None  # points, parent, target, valid [B,E]
+    focal: torch.Tensor | None  # [B] float32 pixels (0 = unknown); None where the data set has none
+    bucket: int  # the packed buffer's capacity for q (bucket_for)
+    q: int  # the step's query count
+    step: int
+
+
+def at_points(points: torch.Tensor, *maps: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Values of [B,H,W] maps at the pixels (floor(x), floor(y)) of points [B,P,2] -> [B,P] each."""
+    W = maps[0].shape[-1]
+    flat = points[..., 1].long() * W + points[..., 0].long()
+    return tuple(torch.gather(m.reshape(m.shape[0], -1), 1, flat) for m in maps)
+
+
+def batch_order(n: int, cfg: TrainConfig, world: int, rank: int, start_step: int,
+                what: str) -> Iterator[tuple[list[int], range, int]]:
+    """Per epoch from start_step on: (this process's permutation of the n samples, the steps that read
+    it, the batch index of the first of them): step steps[i] reads perm[(offset + i) * B:][:B]."""
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    per_epoch = len(sampler) // cfg.batch_size
+    if per_epoch == 0:
+        raise ValueError(f"{what} has {n} samples: fewer than one batch of {cfg.batch_size} per process "
+                         f"({world} processes)")
+    step = start_step
+    while step < cfg.steps:
+        epoch, offset = divmod(step, per_epoch)
+        sampler.set_epoch(epoch)
+        steps = range(step + 1, min(step + per_epoch - offset, cfg.steps) + 1)
+        yield list(sampler), steps, offset
+        step = steps[-1]
+
+
+class WithQueries(torch.utils.data.Dataset):
+    """ds[(index, step, slot, q)] -> the sample plus points [q,2] drawn among its valid pixels.
+
+    The query sampling runs where the sample is made (in the DataLoader workers when there are any),
+    with a generator seeded by (seed, step, rank, slot in the batch): the same points whatever the
+    number of workers, and again on a resumed run.
+    """
+
+    def __init__(self, base, seed: int, rank: int, edge_frac: float, hflip: bool = False, extra_points: int = 0,
+                 patch_size: int = 1):
+        self.base, self.seed, self.rank, self.edge_frac, self.hflip = base, seed, rank, edge_frac, hflip
+        self.extra_points, self.patch_size = extra_points, patch_size
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key: tuple[int, int, int, int]) -> dict:
+        index, step, slot, q = key
+        sample = dict(self.base[index])
+        g = torch.Generator().manual_seed(((self.seed * 7919 + step) * 131 + self.rank) * 1031 + slot)
+        if self.hflip and bool(torch.rand((), generator=g) < 0.5):
+            sample = hflip_sample(sample)
+        sample["points"] = sample_queries(sample["valid"], sample["image"], q, g, edge_frac=self.edge_frac).float()
+        if self.extra_points:  # pixels inside the patches of the queries (any pixel: invalid ones are masked)
+            n, p = q * self.extra_points, self.patch_size
+            parent = torch.randint(q, (n,), generator=g)
+            corner = torch.div(sample["points"][parent], p, rounding_mode="floor") * p
+            sample["extra_points"] = corner + torch.randint(p, (n, 2), generator=g).float()
+            sample["extra_parent"] = parent
+        return sample
+
+
+def hflip_sample(sample: dict) -> dict:
+    """The sample mirrored left-right: image [3,H,W] and the [H,W] maps (depth, valid, eval_mask)."""
+    return {k: v.flip(-1) if k in ("image", "depth", "valid", "eval_mask") else v for k, v in sample.items()}
+
+
+def to_batch(batch: dict, step: int, q: int, bucket: int, device: torch.device) -> Batch:
+    """A collated batch of WithQueries samples as a step reads it: the targets at its points, on the device."""
+    points, depth, valid_map = batch["points"], batch["depth"], batch["valid"]
+    target, valid = at_points(points, depth, valid_map)
+    extra = None
+    if "extra_points" in batch:
+        xp = batch["extra_points"]
+        extra = tuple(t.to(device) for t in (xp, batch["extra_parent"], *at_points(xp, depth, valid_map)))
+    focal = batch["focal"].to(device) if "focal" in batch else None
+    return Batch(batch["image"].to(device, non_blocking=True), points.to(device), target.to(device), valid.to(device),
+                 extra, focal, bucket, q, step)
+
+
+def host_batches(dataset, cfg: TrainConfig, rank: int, world: int, start_step: int,
+                 device: torch.device) -> Iterator[Batch]:
+    """The batches of steps start_step+1 .. cfg.steps, made by a DataLoader (one per epoch) and copied to device."""
+    buckets = cfg.model_config().buckets
+    wrapped = WithQueries(dataset, cfg.seed, rank, cfg.edge_frac, cfg.hflip, cfg.extra_points,
+                          cfg.model_config().patch_size)
+    B = cfg.batch_size
+    for perm, steps, offset in batch_order(len(dataset), cfg, world, rank, start_step, "the data set"):
+        qs = [draw_q(cfg, buckets, s) for s in steps]
+        keys = [[(perm[i * B + j], s, j, q) for j in range(B)] for (i, s), q in zip(enumerate(steps, offset), qs)]
+        loader = DataLoader(wrapped, batch_sampler=keys, num_workers=cfg.num_workers, persistent_workers=False,
+                            pin_memory=device.type == "cuda")
+        for s, q, batch in zip(steps, qs, loader):
+            yield to_batch(batch, s, q, bucket_for(q, buckets), device)
