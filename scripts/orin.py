@@ -1,16 +1,17 @@
 """Jetson Orin latency of depthpack's forwards, predicted by a per-kernel cost model calibrated on the H200.
 
-    python -m depthpack.bench.orin --out docs/jetson                 # latency.md, latency.json, latency.png
-    python -m depthpack.bench.orin --out DIR --profile prof.json     # calibrate on a measured profile
-    python -m depthpack.bench --predict orin-agx-64gb                # the same, from the benchmark's CLI
+    python scripts/orin.py                          # docs/results/orin.json, docs/figures/orin_latency.png
+    python scripts/orin.py --profile prof.json      # calibrate on a measured profile instead
+    python scripts/docs_tables.py                   # then docs/orin.md's tables from docs/results/orin.json
 
 PREDICTIONS, NOT MEASUREMENTS: nothing here ran on a Jetson, and every output says so. Each kernel of
 a forward (the inventory: FLOPs and minimum bytes per kernel) costs a launch/floor term plus the
 larger of its compute time (with an efficiency curve for small GEMMs) and its memory time; the terms
 are fitted to the H200's measured profile and latencies, then moved to the Orins' published clocks,
 SMs, tensor rates and bandwidths, with the Orin-side efficiency fitted to published TensorRT
-latencies of Depth Anything Small. The method, the --profile JSON format (what depthpack.bench.profile
-writes as profile.json) and the calibration table are in docs/jetson/latency.md.
+latencies of Depth Anything Small. The H200 measurements are docs/results/h200_calibration.json and
+docs/results/h200_profile.json; the method and the tables are in docs/orin.md. --profile takes what
+depthpack.bench.profile writes as profile.json.
 """
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import PRESETS, ModelConfig, model_config
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python scripts/orin.py` without an installed depthpack
+    sys.path.insert(0, str(ROOT))
+from depthpack.core.config import PRESETS, ModelConfig, model_config  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+CALIBRATION = RESULTS / "h200_calibration.json"
+PROFILE = RESULTS / "h200_profile.json"
 
 __all__ = ["Device", "DEVICES", "Kernel", "Params", "packed_inventory", "dense_inventory",
            "depth_anything_inventory", "forward_us", "calibrate_h200", "calibrate_orin", "predict", "main"]
@@ -62,8 +70,8 @@ DEVICES: dict[str, Device] = {d.key: d for d in [
            "datasheet dense BF16 989 TFLOP/s (1979 with sparsity), HBM3e 4.8 TB/s, 50 MB L2 (the GH100 die of the "
            "H100 SXM; only the Orins' L2 enters the predictions); measured on this project's "
            "H200: ~790 TFLOP/s on an 8192^3 bf16 GEMM and ~4.3 TB/s copy (figures given in the brief; no "
-           "committed file records them); 132 SMs and 1980 MHz max SM clock from docs/bench/h200/bench.json",
-           ("https://www.nvidia.com/en-us/data-center/h200/", "docs/bench/h200/bench.json (info.sms, nvidia_smi)")),
+           "committed file records them); 132 SMs and 1980 MHz max SM clock from docs/results/h200_calibration.json",
+           ("https://www.nvidia.com/en-us/data-center/h200/", "docs/results/h200_calibration.json (info)")),
     Device("agx_orin_64", "Jetson AGX Orin 64GB", 16, 1.30, _orin_peak(16, 1.30), 204.8, 4.0, "sm_87",
            "2048 CUDA cores = 16 SMs x 128, 64 tensor cores, 4 MB L2, GPU max 1.3 GHz, 204.8 GB/s LPDDR5; GPU 170 sparse "
            "INT8 TOPS (of 275 with the DLAs) -> 85 dense INT8 -> 42.5 dense FP16 TFLOP/s",
@@ -310,13 +318,16 @@ def depth_anything_inventory(size: int = 518, variant: str = "v2", form: str = "
         raise ValueError(f"unknown Depth Anything variant {variant!r}")
     if form in ("eager", "compiled"):  # pad to the profiled kernel counts of the bench's dav2 rows
         have = sum(k.count for k in ks)
-        want = DAV2_KERNELS[form]
+        want = dav2_kernels()[form]
         if want > have:
             ks.append(_pw("misc small kernels", 4096.0, count=want - have))
     return ks
 
 
-DAV2_KERNELS = {"eager": 356, "compiled": 228}  # docs/bench/h200/bench.json, dav2-graph / dav2-compile+graph
+def dav2_kernels() -> dict[str, int]:
+    """Kernels per forward of the benchmark's Depth Anything V2 rows (dav2-graph, dav2-compile+graph)."""
+    rows = {r["row"]: r["kernels"] for r in h200_results()["bench"] if r["queries"] == 256 and r["batch"] == 1}
+    return {"eager": rows["dav2-graph"], "compiled": rows["dav2-compile+graph"]}
 
 
 def total_flops(ks: list[Kernel], categories=None) -> float:
@@ -453,42 +464,45 @@ PROFILE_CATEGORIES = {"gemm": ("gemm",), "attention": ("attention",), "select/to
 
 
 # ---- calibration data ----------------------------------------------------------------------------------
-# Medians from docs/bench/h200/bench.json (commit 9acae8c) and docs/bench/h200/targets/bench.json (2305ec5 /
-# acb8fd2), vits 518 bf16, torch 2.11.0+cu130; duplicate configurations (Q16 and Q64 share bucket 64; the
-# two files share B1 Q256 and B8 Q512) are kept as separate points. tests/test_orin.py checks these numbers
-# against the committed JSON files.
+# The H200 points of the fit: (row, batch, queries, run) of docs/results/h200_calibration.json, vits 518 bf16,
+# torch 2.11.0+cu130, medians in ms; duplicate configurations (Q16 and Q64 share bucket 64; the two runs share
+# B1 Q256 and B8 Q512) are kept as separate points.
 H200_BENCH = [
-    # (row, batch, queries, median ms, file)
-    ("packed-compile+graph", 1, 16, 0.4765, "bench"), ("packed-compile+graph", 1, 64, 0.4756, "bench"),
-    ("packed-compile+graph", 1, 256, 0.5140, "bench"), ("packed-compile+graph", 1, 256, 0.5157, "targets"),
-    ("packed-compile+graph", 1, 512, 0.5748, "bench"), ("packed-compile+graph", 1, 1024, 0.7055, "bench"),
-    ("packed-compile+graph", 8, 512, 1.1285, "bench"), ("packed-compile+graph", 8, 512, 1.1517, "targets"),
-    ("packed-graph", 1, 16, 0.6944, "bench"), ("packed-graph", 1, 64, 0.6943, "bench"),
-    ("packed-graph", 1, 256, 0.7395, "bench"), ("packed-graph", 1, 256, 0.7408, "targets"),
-    ("packed-graph", 1, 512, 0.7983, "bench"), ("packed-graph", 1, 1024, 0.9366, "bench"),
-    ("packed-graph", 8, 512, 1.5939, "bench"), ("packed-graph", 8, 512, 1.5956, "targets"),
-    ("dense-graph", 1, 256, 0.9660, "bench"), ("dense-graph", 1, 256, 0.9658, "targets"),
-    ("dense-graph", 8, 512, 3.4843, "targets"),
-    ("dav2-graph", 1, 256, 1.8061, "bench"), ("dav2-compile+graph", 1, 256, 1.3113, "bench"),
+    ("packed-compile+graph", 1, 16, "bench"), ("packed-compile+graph", 1, 64, "bench"),
+    ("packed-compile+graph", 1, 256, "bench"), ("packed-compile+graph", 1, 256, "targets"),
+    ("packed-compile+graph", 1, 512, "bench"), ("packed-compile+graph", 1, 1024, "bench"),
+    ("packed-compile+graph", 8, 512, "bench"), ("packed-compile+graph", 8, 512, "targets"),
+    ("packed-graph", 1, 16, "bench"), ("packed-graph", 1, 64, "bench"),
+    ("packed-graph", 1, 256, "bench"), ("packed-graph", 1, 256, "targets"),
+    ("packed-graph", 1, 512, "bench"), ("packed-graph", 1, 1024, "bench"),
+    ("packed-graph", 8, 512, "bench"), ("packed-graph", 8, 512, "targets"),
+    ("dense-graph", 1, 256, "bench"), ("dense-graph", 1, 256, "targets"),
+    ("dense-graph", 8, 512, "targets"),
+    ("dav2-graph", 1, 256, "bench"), ("dav2-compile+graph", 1, 256, "bench"),
 ]
-# docs/bench/h200/profile.md, fused_embed=False, bucket 256, batch 1: busy us per category, replay us
-H200_PROFILE = [
-    {"backend": "compile+graph", "bucket": 256, "batch": 1, "kernels_per_call": 121, "graph_replay_ms": 0.5024,
-     "categories_us": {"gemm": 234.7, "attention": 82.9, "triton fused": 81.7, "select/topk": 21.1,
-                       "layernorm/elementwise": 1.4},
-     # kernel lines of the profile assigned to inventory kernels. GEMMs by output width: nvjet 64x48 x12
-     # (N=1152), 72x64 x12 (N=1536), 64x24 x24 (N=384: proj and fc2), an inference from the tile shapes.
-     # triton_poi_fused_gelu x12; triton_per_fused_add_mul_native_layer_norm 20.1 (x12) + 19.0 (x11) us,
-     # scaled to the inventory's 24 such kernels
-     "roles_us": {"qkv": 49.6, "fc1": 57.3, "proj+fc2": 103.5, "gelu": 20.3,
-                  "fused residual+layerscale+layernorm": 39.1 * 24 / 23}},
-    {"backend": "graph", "bucket": 256, "batch": 1, "kernels_per_call": 206, "graph_replay_ms": 0.7182,
-     "categories_us": {"layernorm/elementwise": 262.7, "gemm": 236.6, "attention": 83.6, "select/topk": 28.1},
-     # (the eager aten pointwise kernels are not assigned: their speeds differ per aten kernel (LayerNorm 2.9 us,
-     # broadcast mul 2.5, vectorized add 1.2) in a way one floor per category cannot follow, and the Orin
-     # predictions use the compiled form)
-     "roles_us": {"qkv": 49.7, "fc1": 57.4, "proj+fc2": 105.0}},
-]
+
+
+def h200_results() -> dict[str, list[dict]]:
+    """The committed H200 runs of docs/results/h200_calibration.json: {run: [result rows]}."""
+    runs = json.loads(CALIBRATION.read_text())["runs"]
+    return {k: v["results"] for k, v in runs.items()}
+
+
+def h200_profiles() -> list[dict]:
+    """The committed H200 profiles (busy us per category, kernel lines, graph replay) of docs/results/h200_profile.json."""
+    return json.loads(PROFILE.read_text())["profiles"]
+
+
+def h200_bench() -> list[tuple]:
+    """H200_BENCH with each point's median: (row, batch, queries, median ms, run)."""
+    res = h200_results()
+    out = []
+    for row, b, q, run in H200_BENCH:
+        hit = [r["median_ms"] for r in res[run] if (r["row"], r["batch"], r["queries"]) == (row, b, q)]
+        if len(hit) != 1:
+            raise ValueError(f"{CALIBRATION}: run {run!r} has {len(hit)} rows {row} B{b} Q{q}, expected 1")
+        out.append((row, b, q, hit[0], run))
+    return out
 
 
 def _form(row_or_backend: str) -> str:
@@ -514,7 +528,7 @@ def h200_points(cfg: ModelConfig | None = None, profiles=None) -> list[Point]:
     file may name another preset."""
     cfg = cfg or model_config("vits")
     pts = []
-    for row, b, q, ms, src in H200_BENCH:
+    for row, b, q, ms, src in h200_bench():
         k = _bucket(cfg, q)
         if row.startswith("packed"):
             inv = packed_inventory(cfg, b, k, k, _form(row))
@@ -522,14 +536,13 @@ def h200_points(cfg: ModelConfig | None = None, profiles=None) -> list[Point]:
             inv = dense_inventory(cfg, b, q, _form(row))
         else:
             inv = depth_anything_inventory(cfg.img_size[0], "v2", _form(row), b)
-        pts.append(Point(f"{row} B{b} Q{q} ({src})", ms * 1e3, inv, source=f"docs/bench/h200/"
-                         f"{'targets/' if src == 'targets' else ''}bench.json"))
-    for prof in (profiles if profiles is not None else H200_PROFILE):
+        pts.append(Point(f"{row} B{b} Q{q} ({src})", ms * 1e3, inv, source=f"docs/results/h200_calibration.json ({src})"))
+    for prof in (profiles if profiles is not None else h200_profiles()):
         form = _form(prof.get("backend", "compile+graph"))
         b, k = prof.get("batch", 1), prof.get("bucket", 256)
         pcfg = model_config(prof["preset"]) if prof.get("preset") else cfg
         inv = packed_inventory(pcfg, b, k, k, form)
-        src = prof.get("source", "docs/bench/h200/profile.md")
+        src = prof.get("source", "docs/results/h200_profile.json")
         have = kernel_count(inv)
         if abs(prof["kernels_per_call"] - have) > 0.1 * have:
             print(f"warning: profile has {prof['kernels_per_call']:.0f} kernels per call, the {form} inventory "
@@ -940,179 +953,6 @@ def _floors_of(ks: list[Kernel], p: Params) -> list[float]:
 
 
 # ---- outputs ---------------------------------------------------------------------------------------------
-def _f(x, nd=2):
-    return f"{x:.{nd}f}"
-
-
-def _crossings(g: dict) -> str:
-    c = g["limit_reached_when"]
-    parts = []
-    if c["floor_scale"] is not None:
-        parts.append(f"the fixed per-kernel costs are {c['floor_scale']:.2f}x the clock-scaled H200 ones (central 1)")
-    if c["target_eff"] is not None:
-        parts.append(f"the tensor efficiency is {c['target_eff']:.2f} (central {g['central_eff']:.2f})")
-    if c["target_mem_eff"] is not None:
-        parts.append(f"the DRAM efficiency is {c['target_mem_eff']:.2f} (central 0.75)")
-    if not parts:
-        return "No single assumption within its range moves it past the limit."
-    return ("With the other assumptions central, the prediction reaches the limit when " + ", or when ".join(parts)
-            + ".")
-
-
-def markdown(rep: dict) -> str:
-    g = rep["goal"]
-    tr = rep["orin_transfer"]
-    hp = rep["h200_params"]
-    verdict = ("**met across the whole band**" if g["met_whole_band"] else
-               "**met at the central estimate, not across the whole band**" if g["met_central"] else "**not met**")
-    L = ["# depthpack on Jetson Orin: PREDICTED latency (not measured)", "",
-         f"> {rep['note']} Generated by `python -m depthpack.bench.orin --out docs/jetson` (the model is "
-         "`depthpack/orin.py`; its tests are `tests/test_orin.py`). The same numbers are in `latency.json`.", "",
-         f"Model: vits at 518x518 (12 blocks, width 384, 6 heads, {rep['preset_shapes']['anchors']} anchors, "
-         f"buckets {rep['preset_shapes']['buckets']}). Launch form: {rep['backend']}. Precision: {rep['dtype']}.", "",
-         "## The answer", "",
-         f"Goal: {g['what']} within {g['limit_ms']:.0f} ms. Predicted **{g['ms']:.2f} ms**, band "
-         f"{g['ms_low']:.2f}-{g['ms_high']:.2f} ms: {verdict}. " + _crossings(g) + " The band's top is reached "
-         "only when every "
-         "transfer assumption is pessimistic at once: twice the clock-scaled per-kernel cost, 60% of the DRAM "
-         "datasheet bandwidth, no L2 reuse, the lowest fitted tensor efficiency, and the H200 fit error on top. "
-         f"Of the central {g['ms']:.2f} ms, {g['fixed_costs_us'] / 1e3:.2f} ms are fixed per-kernel "
-         f"costs of the {g['kernels']} launches (the floor and graph gap, scaled by the "
-         "clock ratio). Those costs are the least constrained part of the model. One measured profile on an "
-         "Orin (`--profile`-format data, or the graph replay time of `deploy_cpp --bench`) would settle it.", "",
-         "| AGX Orin 64GB, B1 | Q16 | Q64 | Q256 | Q1024 |", "|---|---|---|---|---|"]
-    for path in ("packed", "dense"):
-        rs = [r for r in rep["predictions"] if r["device"] == "agx_orin_64" and r["path"] == path]
-        L.append(f"| {path} ms (band) | " + " | ".join(f"{r['ms']:.2f} ({r['ms_low']:.2f}-{r['ms_high']:.2f})"
-                                                        for r in rs) + " |")
-    L += ["", "Where the central 'AGX, Q256, packed' time goes (us, including each kernel's fixed cost): " +
-          ", ".join(f"{c} {v:.0f}" for c, v in sorted(g["breakdown_us"].items(), key=lambda kv: -kv[1])) + ".", "",
-          "## Predictions, every device (batch 1, compiled + CUDA graph)", "",
-          "| device | path | Q | tokens | kernels | GFLOP | predicted ms | band ms |", "|---|---|---|---|---|---|---|---|"]
-    for r in rep["predictions"]:
-        L.append(f"| {r['device_name']} | {r['path']} | {r['queries']} | {r['tokens']} | {r['kernels']} | "
-                 f"{r['gflop']:.1f} | {r['ms']:.2f} | {r['ms_low']:.2f}-{r['ms_high']:.2f} |")
-    L += ["", "Q16 and Q64 share bucket 64, so they cost the same. The dense path runs all 1434 tokens whatever "
-          "Q is. Beyond Q1024 the packed path runs one such forward per chunk of 1024.", "",
-          "Dense models of the same family on the same devices. The form is TensorRT-style: fused epilogues "
-          "and flash attention, fp16, GPU time only, no host overhead:", "",
-          "| device | model | kernels | GFLOP | predicted ms | band ms |", "|---|---|---|---|---|---|"]
-    for r in rep["dense_family"]:
-        L.append(f"| {r['device_name']} | {r['model']} | {r['kernels']} | {r['gflop']} | {r['ms']:.1f} | "
-                 f"{r['ms_low']:.1f}-{r['ms_high']:.1f} |")
-    L += ["", "## Method", "",
-          "1. **Kernel inventory** (`packed_inventory`, `dense_inventory`, `depth_anything_inventory`). The "
-          "kernels of one forward, each with its FLOPs and minimum bytes moved. The GEMM FLOPs equal torch's "
-          "FlopCounterMode count of the real model, and with attention added the totals equal the benchmark's "
-          "GFLOP column (15.71 at bucket 256; 99.59 dense; 115.27 for Depth Anything V2 Small), as the tests "
-          "check. The kernel counts per category come from the H200 profile. Compiled: 54 GEMMs (48 in the "
-          "blocks, 2 patch embeddings, 4 in the head), 12 attention, 26 fused LayerNorm kernels, 12 GELU, "
-          "4 selection kernels (top-k included) and 13 other small kernels, 121 in all. Eager: 206.",
-          "2. **Cost of one kernel**: `t = (clock ratio) x (graph gap + fixed floor[category]) + max(FLOPs / (peak x "
-          "eff x s(u)), bytes / (bandwidth x mem_eff))`. Here `u = M*N / (tile_area x SMs)` and `s(u) = u / (1 + "
-          "u^q)^(1/q)`. Below one wave a GEMM costs one tile's serial time (proportional to its reduction "
-          "length). Above it, the saturated rate applies. A reduction length that is not a multiple of 8 (the "
-          "patch embedding's 588, the head's 18) runs at a quarter of the efficiency, as cuBLAS's 4-byte-aligned "
-          "kernels do. The top-k is a single-block kernel with its own fixed time.",
-          f"3. **H200 fit**: {len(rep['h200_calibration'])} points (below). A Nelder-Mead least-squares fit of "
-          f"log(predicted / measured) gives the {len(hp)} parameters. The RMS log error is "
-          f"{rep['h200_rms_log_error']:.3f} (about {100 * (math.exp(rep['h200_rms_log_error']) - 1):.1f}%). The "
-          f"fit puts the GEMM floor at {hp['floor_gemm_us']:.2f} us and the graph gap at {hp['launch_us']:.2f} us. "
-          f"A small Triton kernel (floor {hp['floor_norm_us']:.2f}-{hp['floor_pw_us']:.2f} us, as the profile's "
-          "~1.7 us GELU and LayerNorm kernels) plus its gap thus costs about "
-          f"{hp['launch_us'] + hp['floor_norm_us']:.1f} us in a graph. The brief's ~1.3 us per graph node is "
-          "between the gap alone and this. The saturated efficiencies are GEMM "
-          f"{hp['gemm_eff']:.2f}, attention {hp['attn_eff']:.2f} and convolution {hp['conv_eff']:.2f} of 989 "
-          f"TFLOP/s, and DRAM {hp['mem_eff']:.2f} of 4.8 TB/s. These are small problems: they never reach the "
-          "790 TFLOP/s of a large GEMM. Parameters that end at a bound of their range: "
-          + (", ".join(f"{n} = {hp[n]:g}" for n in rep["h200_at_bound"]) or "none") + ". These directions are "
-          "weakly determined. L2 reuse near zero means that on the H200, activations that stay in the 50 MB L2 "
-          "cost nearly nothing beyond each kernel's floor. The same fit from a generic start ends at "
-          f"RMS {rep['h200_fit_from_generic_start']['rms_log_error']:.3f}, with tile_area "
-          f"{rep['h200_fit_from_generic_start']['params']['tile_area']:g} and q "
-          f"{rep['h200_fit_from_generic_start']['params']['sharp']:g}. It predicts "
-          f"{rep['h200_fit_from_generic_start']['goal_ms']:.3f} ms for the goal point instead of {g['ms']:.3f}: "
-          "the degeneracy does not reach the answer.",
-          "4. **Transfer to sm_87** (Ampere mma.sync tensor cores; no TMA, wgmma or PDL). Peaks and bandwidths "
-          "come from the datasheets (table below). Dense FP16 tensor rate = SMs x 4 tensor cores x 256 FMA x 2 x "
-          "clock. That is 42.6 TFLOP/s on the AGX, matching the datasheet's 170 sparse INT8 TOPS / 4. Fixed "
-          "costs scale by 1.98 GHz / device clock. GEMMs and convolutions run at one fitted efficiency "
-          "`target_eff`. Attention runs at `target_eff` times the H200's attention/GEMM ratio. `target_eff` and "
-          "one fixed host overhead per source are fitted to the published TensorRT 10.3 figures of Depth Anything "
-          "3 Small on an Orin NX 16GB. The stack is the one JetPack 6 ships (CUDA 12.6), as for torch 2.8 from "
-          "the Jetson index. The assumption is that cuBLAS and FlashAttention GEMMs under AOTInductor reach the "
-          "same fraction of peak as TensorRT's. Fusion is not assumed to match: the inventory keeps Inductor's "
-          "121 launches, with GELU as a separate memory pass.",
-          "5. **Band**: three corners of the assumptions no data here fixes. Low: floor x0.75, DRAM 85%, L2 "
-          "reuse 0.3, the highest fitted efficiency, divided by the H200 error factor. High: floor x2, DRAM 60%, "
-          "no L2 reuse, the lowest fitted efficiency, times that factor. Central: floor x1, DRAM 75%, L2 reuse "
-          "0.5. The fitted efficiencies are with and without DA3's auxiliary head, plus the one that makes the "
-          "unfitted cross-check exact. L2 reuse means activation traffic that fits in half the L2 (4 MB AGX, "
-          "2 MB NX/Nano) costs that fraction of its DRAM time. Weights (42 MB per forward) always come from DRAM.",
-          "", "## Devices", "",
-          "| device | SMs | clock GHz | dense FP16 TFLOP/s | DRAM GB/s | L2 MB | derivation | sources |",
-          "|---|---|---|---|---|---|---|---|"]
-    for k, d in rep["devices"].items():
-        L.append(f"| {d['name']} | {d['sms']} | {d['clock_ghz']} | {d['peak_tflops']:.1f} | {d['mem_gbs']} | {d['l2_mb']} | "
-                 f"{d['derivation']} | {'; '.join(d['sources'])} |")
-    L += ["", "## H200 calibration (vits bf16, torch 2.11.0+cu130)", "",
-          "| point | measured us | predicted us | error | source |", "|---|---|---|---|---|"]
-    for e in rep["h200_calibration"]:
-        L.append(f"| {e['id']} | {e['measured_us']:.1f} | {e['predicted_us']:.1f} | {e['error_pct']:+.1f}% | {e['source']} |")
-    L += ["", "Fitted parameters (H200 units): " + ", ".join(f"{k} {v:g}" for k, v in hp.items()) + ".", "",
-          "## Orin calibration (published TensorRT figures; other people's measurements)", "",
-          "| point | stack | GFLOP | measured ms | predicted ms | error | source |", "|---|---|---|---|---|---|---|"]
-    oc = rep["orin_calibration"]
-    for e in oc["points"]:
-        L.append(f"| {e['id']} | {e['stack']} | {e['gflop']} | {e['measured_ms']:.2f} | {e['predicted_ms']:.2f} | "
-                 f"{e['error_pct']:+.1f}% | {e['source']} |")
-    cc = oc["cross_check"]
-    for v in cc["variants"]:
-        L.append(f"| {cc['id']}, {'with' if v['da3_aux'] else 'without'} DA3's aux head (cross-check, not fitted) "
-                 f"| trt10.3 | {v['gflop']} | {cc['measured_ms']:.2f} | {v['predicted_ms']:.2f} | {v['error_pct']:+.1f}% "
-                 f"| {cc['source']} |")
-    st = oc["stacks"]
-    L += ["", f"Fitted (central assumptions): TensorRT 10.3, target_eff {st['trt10.3']['target_eff']:.3f} and host "
-          f"overhead {st['trt10.3']['host_ms']:.2f} ms. Two parameters on two points, so those two errors are zero "
-          "by construction; the cross-check is the test. TensorRT 8.5 (JetPack 5): target_eff "
-          f"{st['trt8.5']['target_eff']:.3f} and host overhead {st['trt8.5']['host_ms']:.2f} ms, on four points. "
-          f"The old stack reaches {st['trt8.5']['target_eff'] / st['trt10.3']['target_eff']:.2f} of the new one's "
-          "efficiency. Taking its attention as fused instead of materializing the scores gives target_eff "
-          f"{oc['trt8.5_with_fused_attention']['target_eff']:.3f} and errors "
-          f"{', '.join(f'{e:+.1f}%' for e in oc['trt8.5_with_fused_attention']['error_pct'])}, almost the same: at "
-          "that efficiency the compute dominates, and the growth from 406 to 518 px is not explained by it "
-          "either. The old stack is shown to say why JetPack 5 "
-          "figures cannot calibrate a JetPack 6 deployment, and it is not used for the predictions. Per corner "
-          "of the transfer assumptions, target_eff with / without DA3's auxiliary head / fitting the "
-          "cross-check: " + "; ".join(f"{c} {v['with_da3_aux']:.3f} / {v['without_da3_aux']:.3f} / {v['cross_check']:.3f}"
-                                      for c, v in tr["effs_per_corner"].items()) + ". The cross-check value is "
-          "capped at 0.95 where no efficiency fits.", "",
-          "What the published numbers are, and what was not verified:",
-          "- Depth Anything V1 Small (IRCVLab). Device: \"Jetson Orin Developer Kit (8GB)\" with JetPack 5.1.3. The "
-          "only 8 GB Orin developer kit is the Orin Nano's, so this is taken as the Orin Nano 8GB at 625 MHz and "
-          "68 GB/s, before Super. The engine is TensorRT 8.5.2 FP16 from ONNX opset 11. Timing is Python "
-          "`time.time()` around the host-to-device copy, `execute_async_v2`, the copy back and a synchronize, "
-          "for single frames.",
-          "- Depth Anything 3 Small (GerdsenAI PR #24): \"40 FPS @ 518x518\" and \"93 FPS @ 308x308\" with "
-          "TensorRT 10.3 on an Orin NX 16GB (L4T r36.4). PR #23 names DA3-SMALL. Not stated: what the FPS includes "
-          "(hence the fitted host overhead), the power mode (MAXN 918 MHz is assumed; MAXN_SUPER would be "
-          "1173 MHz), and whether the engine computes DA3's auxiliary ray head.",
-          "- The cross-check (nishant-zfyii.github.io): DA3-Small FP16 at 308x308, 4.6 ms on an \"Orin Nano 8GB\" "
-          "with JetPack 6.x. Super mode is assumed. The timing method is not stated.",
-          "- The brief's \"Depth Anything 3 Small, TensorRT 10.3, Orin NX 16 GB, 518 px, about 25 ms\" is the 40 FPS "
-          "figure above.", "",
-          "## Limits of this model", "",
-          "- Every Orin number is a prediction. The Orin-side constants rest on two to four third-party "
-          "figures whose timing method is unknown. The fixed per-kernel cost on sm_87 is an assumption (the "
-          "H200's, scaled by the clock ratio), not a measurement.",
-          "- Not modelled: DVFS and thermal throttling, power modes other than the one named per device, CPU "
-          "contention for the shared LPDDR5, the host path (the image upload: on the H200, 0.79 ms of host copy "
-          "at B1), and cuBLAS heuristics picking a worse kernel on sm_87 than on sm_90.",
-          "- The inventory's fused kernels follow the H200 profile (Inductor, torch 2.11). torch 2.8 on JetPack 6 "
-          "may fuse differently.", ""]
-    return "\n".join(L)
-
-
 def plot(rep: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -1152,7 +992,7 @@ def load_profiles(files: list[str]) -> list[dict]:
         for prof in data if isinstance(data, list) else [data]:
             missing = [k for k in ("kernels", "kernels_per_call", "graph_replay_ms") if k not in prof]
             if missing:
-                raise ValueError(f"{f}: profile lacks {', '.join(missing)} (format: python -m depthpack.bench.orin --help)")
+                raise ValueError(f"{f}: profile lacks {', '.join(missing)} (format: python scripts/orin.py --help)")
             cats: dict[str, float] = {}
             for k in prof["kernels"]:
                 cat = k.get("category", "other")
@@ -1170,7 +1010,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description="Predict depthpack's latency on Jetson Orin devices from a per-kernel "
                                  "cost model calibrated on H200 measurements (predictions, not measurements)",
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--out", default="docs/jetson", help="folder for latency.md, latency.json, latency.png")
+    ap.add_argument("--json", default=str(RESULTS / "orin.json"), help="the predictions and the fit (docs/orin.md's tables)")
+    ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "orin_latency.png"), help="latency against queries")
     ap.add_argument("--preset", default="vits", choices=sorted(PRESETS))
     ap.add_argument("--profile", action="append", default=[], metavar="FILE",
                     help="measured profile JSON (repeatable); replaces the committed H200 profile numbers")
@@ -1178,16 +1019,17 @@ def main(argv=None) -> dict:
     cfg = model_config(args.preset)
     profiles = load_profiles(args.profile) if args.profile else None
     rep = run(cfg, profiles)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "latency.json").write_text(json.dumps(rep, indent=1) + "\n")
-    (out / "latency.md").write_text(markdown(rep) + "\n")
-    plot(rep, out / "latency.png")
+    cal = json.loads(CALIBRATION.read_text())
+    rep["inputs"] = dict(h200=cal["info"], runs={k: dict(commit=v["commit"], source=v["source"]) for k, v in cal["runs"].items()},
+                         profile=args.profile or json.loads(PROFILE.read_text())["info"]["commit"])
+    for path in (Path(args.json), Path(args.figure)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(rep, indent=1) + "\n")
+    plot(rep, Path(args.figure))
     g = rep["goal"]
-    print(markdown(rep))
     print(json.dumps(dict(goal_ms=g["ms"], band_ms=[g["ms_low"], g["ms_high"]], met_central=g["met_central"],
                           met_whole_band=g["met_whole_band"], h200_rms_log_error=rep["h200_rms_log_error"],
-                          out=str(out), predicted_not_measured=True)))
+                          json=args.json, figure=args.figure, predicted_not_measured=True)))
     return rep
 
 

@@ -1,6 +1,7 @@
-"""The Jetson latency model (depthpack.bench.orin): its inventory counts the FLOPs the real model spends, its H200
-calibration reproduces the measurements it was fitted to, its predictions move the right way, and its CLI
-writes what it promises. CPU only, no network."""
+"""The Jetson latency model (scripts/orin.py): its inventory counts the FLOPs the real model spends, its H200
+calibration reproduces the committed measurements it was fitted to, its predictions move the right way, and its
+command writes what it promises. CPU only, no network."""
+import importlib.util
 import json
 import math
 import subprocess
@@ -11,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthpack.bench import orin
 from depthpack.core.config import model_config
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "docs" / "bench" / "h200" / "bench.json"
-TARGETS = ROOT / "docs" / "bench" / "h200" / "targets" / "bench.json"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "orin.py"
+_spec = importlib.util.spec_from_file_location("orin", SCRIPT)
+orin = importlib.util.module_from_spec(_spec)
+sys.modules["orin"] = orin  # dataclasses look their module up by name
+_spec.loader.exec_module(orin)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +72,8 @@ def test_inventories_equal_the_benchmarks_gflop_and_kernel_counts():
     """Every committed H200 row's GFLOP (FlopCounterMode on the H200) and, for the graph rows, kernel count."""
     cfg = model_config("vits")
     seen = 0
-    for f in (BENCH, TARGETS):
-        for r in json.loads(f.read_text())["results"]:
+    for results in orin.h200_results().values():
+        for r in results:
             b, q, row = r["batch"], r["queries"], r["row"]
             if q > cfg.buckets[-1] or row.startswith("masked"):
                 continue
@@ -100,16 +103,22 @@ def test_depth_anything_head_flops():
     assert orin.total_flops(orin.depth_anything_inventory(308, "v1")) / 1e9 < v2 / 3
 
 
-def test_embedded_h200_numbers_are_the_committed_ones():
-    res = {"bench": json.loads(BENCH.read_text())["results"], "targets": json.loads(TARGETS.read_text())["results"]}
-    for row, b, q, ms, src in orin.H200_BENCH:
-        hit = [r["median_ms"] for r in res[src] if (r["row"], r["batch"], r["queries"]) == (row, b, q)]
-        assert hit and hit[0] == pytest.approx(ms, abs=6e-5), (row, b, q, src)
-    prof = (ROOT / "docs" / "bench" / "h200" / "profile.md").read_text()
-    for p in orin.H200_PROFILE:
-        assert f"{1e3 * p['graph_replay_ms']:.1f} us" in prof
-        for cat, us in p["categories_us"].items():
-            assert f"| {cat} | {us:.1f} |" in prof
+def test_calibration_reads_the_committed_results(tmp_path, monkeypatch):
+    """Every fitted H200 point is one row of docs/results/h200_calibration.json, whose runs name the GPU, the torch
+    and the commit; a results file that lacks a point is one clear error, not a silently smaller fit."""
+    cal = json.loads(orin.CALIBRATION.read_text())
+    assert cal["info"]["gpu"] == "NVIDIA H200" and cal["info"]["torch"].startswith("2.11")
+    assert all(run["commit"] for run in cal["runs"].values())
+    points = orin.h200_bench()
+    assert [p[:3] + p[4:] for p in points] == [tuple(k) for k in orin.H200_BENCH]
+    assert all(0.3 < ms < 5.0 for _, _, _, ms, _ in points)
+    for prof in orin.h200_profiles():  # the busy time of a replay cannot exceed the replay
+        assert sum(prof["categories_us"].values()) < 1e3 * prof["graph_replay_ms"]
+    lacking = dict(cal, runs=dict(cal["runs"], targets=dict(cal["runs"]["targets"], results=[])))
+    (tmp_path / "cal.json").write_text(json.dumps(lacking))
+    monkeypatch.setattr(orin, "CALIBRATION", tmp_path / "cal.json")
+    with pytest.raises(ValueError, match="run 'targets' has 0 rows packed-compile\\+graph B1 Q256"):
+        orin.h200_bench()
 
 
 def test_h200_calibration_reproduces_its_inputs(h200):
@@ -188,7 +197,7 @@ def test_orin_calibration_errors_are_reported(h200):
 
 def _profile_file(tmp_path):
     """The committed compile+graph profile as the measured-profile format that --profile reads."""
-    p = orin.H200_PROFILE[0]
+    p = orin.h200_profiles()[0]
     kernels = [dict(name=f"{c} kernels", us=us, launches=1.0, category=c) for c, us in p["categories_us"].items()]
     data = dict(kernels=kernels, kernels_per_call=121, graph_replay_ms=p["graph_replay_ms"], backend="compile+graph",
                 preset="vits", batch=1, bucket=256, dtype="bfloat16", device="NVIDIA H200")
@@ -215,22 +224,21 @@ def test_profile_file_becomes_calibration_points(tmp_path):
         orin.load_profiles([str(bad)])
 
 
-def test_cli_writes_the_three_files_and_ends_with_json(tmp_path):
-    out = tmp_path / "jetson"
-    p = subprocess.run([sys.executable, "-m", "depthpack.bench.orin", "--out", str(out), "--profile",
-                        str(_profile_file(tmp_path))], capture_output=True, text=True, timeout=300, cwd=ROOT)
+def test_cli_writes_the_predictions_and_the_figure_and_ends_with_json(tmp_path):
+    out = tmp_path / "orin.json"
+    fig = tmp_path / "orin.png"
+    p = subprocess.run([sys.executable, str(SCRIPT), "--json", str(out), "--figure", str(fig), "--profile",
+                        str(_profile_file(tmp_path))], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])
     assert last["predicted_not_measured"] is True and last["goal_ms"] > 0
     assert last["band_ms"][0] <= last["goal_ms"] <= last["band_ms"][1]
-    rep = json.loads((out / "latency.json").read_text())
+    rep = json.loads(out.read_text())
     assert "nothing was measured on a Jetson" in rep["note"]
+    assert rep["inputs"]["h200"]["gpu"] == "NVIDIA H200" and rep["inputs"]["profile"] == [str(_profile_file(tmp_path))]
     rows = rep["predictions"]
     assert {(r["device"], r["path"], r["queries"]) for r in rows} == \
         {(d, p_, q) for d in orin.TARGETS for p_ in ("packed", "dense") for q in orin.QUERIES}
     for r in rows:
         assert 0 < r["ms_low"] <= r["ms"] <= r["ms_high"], r
-    md = (out / "latency.md").read_text()
-    assert "PREDICTED" in md and "not measured" in md and "| Jetson AGX Orin 64GB | packed | 256 |" in md
-    png = out / "latency.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < png.stat().st_size < 200_000
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < fig.stat().st_size < 200_000
