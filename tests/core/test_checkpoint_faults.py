@@ -4,7 +4,10 @@ damage did not matter) or falls back to the previous intact one; never another e
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -138,3 +141,28 @@ def test_config_of_wrong_structure_in_a_checkpoint_folder_is_one_error(run, tmp_
     (d / ck.CONFIG).write_text('{"model": {"preset": "tiny"}}')
     with pytest.raises(ck.CheckpointError, match=r"config.json: its model config cannot be built.*preset"):
         ck.load_model(d)
+
+
+def test_a_prune_cut_short_leaves_an_incomplete_folder_that_a_run_removes(run, tmp_path, monkeypatch):
+    """_prune deletes meta.json first, so a kill in the middle of deleting a checkpoint leaves a folder that
+    reads as incomplete (never as a corrupt checkpoint to warn about); remove_incomplete clears such folders,
+    never one that a live process is writing."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    older, newest = ck.list_checkpoints(copy)
+    monkeypatch.setattr(ck.shutil, "rmtree", lambda *a, **k: None)  # killed right after meta.json went
+    ck._prune(copy, keep=1)
+    monkeypatch.undo()
+    assert older.is_dir() and not (older / ck.META).exists()
+    writing = ck.step_dir(copy, 9)  # a live writer (this process) has begun a checkpoint
+    writing.mkdir()
+    (writing / f".{ck.WEIGHTS}.tmp{os.getpid()}").write_bytes(b"half")
+    killed = ck.step_dir(copy, 12)  # a dead one left a temporary
+    killed.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (killed / f".{ck.STATE}.tmp{int(dead.stdout)}").write_bytes(b"half")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ck.remove_incomplete(copy) == [older, killed]
+        assert ck.latest_checkpoint(copy)[0] == newest
+    assert [d.name for d in ck.list_checkpoints(copy)] == [newest.name, writing.name]
