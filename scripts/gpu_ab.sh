@@ -1,56 +1,75 @@
 #!/usr/bin/env bash
-# Which change to the scale recipe closes the packed-versus-dense gap? (docs/scale/README.md: the first
-# run left packed +6.4% over dense at Q=256.) Several trainings of configs/scale.yaml at once on one
-# H200, each with its own overrides, the same STEPS each so every cosine schedule ends, then each
-# evaluated on the 256 held-out scenes. One run, under 10 minutes. Three vits evaluations at once ran
-# past 110 s and lost everything (two runs of 2026-12-02), so they run one after another, each with
-# its own EVAL_S limit, and a killed one costs only its own rows:
-#   1. render + cache 256 val scenes and as many train scenes as RENDER_S allows (14 cores)
-#   2. the trainings, at once; max_time_s guards the deadline
-#   3. the evaluations, one at a time: Q = 16 64 256 (packed, masked, dense, anchors on/off) and the
-#      512-slot buffer at the same queries
-#   RUNS="NAME:K=V,K=V NAME:..." OUT=DIR bash scripts/gpu_ab.sh     (STEPS, RENDER_S, TRAIN_S override)
-#   e.g. RUNS="base: distill:distill_weight=1.0" (the distillation A/B of docs/scale/h200/distill/)
-#   CFG=configs/tiny.yaml CONTEXT= STEPS=4 PY=.venv/bin/python bash scripts/gpu_ab.sh   (every step, on a CPU)
+# Trainings of the scale recipe (configs/scale.yaml, vits 420x560) side by side on one H200, each with its own
+# overrides and the same STEPS, then each evaluated on the same 256 held-out 420x560 scenes. One device call.
+#   1. render + cache the val and train scenes of every image size the runs use (every core but two)
+#   2. the trainings, at once (GPU_TESTS=1: the GPU tests beside them, on the CPU cores they leave)
+#   3. per run: packed and dense AbsRel at Q = QUERIES (a run at another image size reads the 420x560 scenes
+#      resized to its own: the equal-tokens dense baselines), the context diagnostic, and the packed vs dense
+#      gap at every kept checkpoint
+#   RUNS="NAME:K=V+K=V NAME:..." OUT=DIR bash scripts/gpu_ab.sh          (STEPS, RENDER_S, TRAIN_S, EVAL_S)
+#   CFG=configs/tiny.yaml STEPS=4 QUERIES="4 16" PY=.venv/bin/python bash scripts/gpu_ab.sh   (every step, on a CPU)
+# $OUT gets ab.log (the summary, also printed) and results.tgz (every run's eval.json, gap.json, log.csv, figures).
 set -u -o pipefail
 OUT=${OUT:-/tmp/ab_out}
 PY=${PY:-python3}
-RUNS=${RUNS:-"base: anchors12:model.anchor_grid=12 distill01:distill_weight=0.1"}
-STEPS=${STEPS:-1400}; RENDER_S=${RENDER_S:-45}; TRAIN_S=${TRAIN_S:-200}; EVAL_S=${EVAL_S:-100}
+RUNS=${RUNS:-"base: glance:model.context=glance+model.registers=4"}
+STEPS=${STEPS:-3000}; RENDER_S=${RENDER_S:-70}; TRAIN_S=${TRAIN_S:-360}; EVAL_S=${EVAL_S:-60}
+QUERIES=${QUERIES:-16 64 256 1024}; CKPT_EVERY=${CKPT_EVERY:-500}
 mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WORK=$(mktemp -d /tmp/ab.XXXX)
-CFG=${CFG:-configs/scale.yaml}; CONTEXT=${CONTEXT-512}
+CFG=${CFG:-configs/scale.yaml}
 COMMON=(data.cache_dir="$WORK/scenes" data.render_budget_s=30 eval_every=0 progress=false)
 T0=$(date +%s)
 step() { echo "== $(date -u +%T) +$(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
+finish() { tar czf "$OUT/results.tgz" -C "$WORK" --exclude=scenes --exclude=checkpoints . 2>/dev/null; step "done"; }
+trap finish EXIT
 names=(); for r in $RUNS; do names+=("${r%%:*}"); done
-overrides() { local spec; for r in $RUNS; do [ "${r%%:*}" = "$1" ] && spec=${r#*:}; done; echo "${spec//,/ }"; }
-step "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null), $(nproc) cores, $(git log --oneline -1 2>/dev/null | cut -c1-60)"
-step "1. render + cache: val, then train for ${RENDER_S}s"
+overrides() { local spec=""; for r in $RUNS; do [ "${r%%:*}" = "$1" ] && spec=${r#*:}; done; echo "${spec//+/ }"; }
+size_of() { overrides "$1" | tr ' ' '\n' | grep '^model.img_size=' | cut -d= -f2; }
+# the held-out scenes every run is scored on: the config's own image size
+HW=$($PY -c "from depthpack.train import load_train_config as l; h, w = l('$CFG').model_config().img_size; print(f'{w}x{h}')")
+step "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null), $(nproc) cores, $(git log --oneline -1 2>/dev/null | cut -c1-60); scenes ${HW}"
+
+step "1. render + cache: val, then train for ${RENDER_S}s, at each image size"
+sizes=$(for run in "${names[@]}"; do size_of "$run"; done | sort -u)
 timeout $(( RENDER_S + 60 )) $PY -m depthpack.data.prerender --config $CFG "${COMMON[@]}" --splits val train \
-  --processes $(( $(nproc) - 2 )) --budget "$RENDER_S" > "$WORK/render.log" 2>&1
+  --processes $(( $(nproc) > 4 ? $(nproc) - 2 : $(nproc) )) --budget "$RENDER_S" > "$WORK/render.log" 2>&1
+for s in $sizes; do  # smaller sizes render faster: a third of the budget each
+  timeout $(( RENDER_S / 3 + 60 )) $PY -m depthpack.data.prerender --config $CFG "${COMMON[@]}" model.img_size="$s" \
+    --splits train --processes $(( $(nproc) > 4 ? $(nproc) - 2 : $(nproc) )) --budget $(( RENDER_S / 3 )) >> "$WORK/render.log" 2>&1
+done
 grep '^{' "$WORK/render.log" | cut -c1-300 | tee -a "$LOG"
+
 step "2. train ${names[*]} at once, $STEPS steps each (guard ${TRAIN_S}s)"
 for run in "${names[@]}"; do
-  # shellcheck disable=SC2046  # the overrides are words by design
   echo "[$run] $(overrides "$run")" | tee -a "$LOG"
+  # shellcheck disable=SC2046  # the overrides are words by design
   timeout $(( TRAIN_S + 30 )) $PY train/train.py --config $CFG "${COMMON[@]}" out_dir="$WORK/$run" steps="$STEPS" \
-    max_time_s="$TRAIN_S" $(overrides "$run") > "$WORK/train_$run.log" 2>&1 &
+    max_time_s="$TRAIN_S" ckpt_every="$CKPT_EVERY" keep_checkpoints=20 $(overrides "$run") > "$WORK/train_$run.log" 2>&1 &
 done
+if [ "${GPU_TESTS:-0}" = 1 ]; then  # correctness tests beside the trainings: compile-bound, they need the CPU cores
+  timeout "${TEST_S:-400}" $PY -m pytest -m gpu tests -q -rfEs -p no:cacheprovider --tb=short -n "${XDIST:-6}" \
+    --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1
+  echo "pytest -m gpu exit $?" | tee -a "$LOG"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$WORK/gpu_tests.log" | tail -20 | tee -a "$LOG"
+fi
 wait
 for run in "${names[@]}"; do
-  cp "$WORK/$run/log.csv" "$OUT/train_log_$run.csv" 2>/dev/null
-  grep '^{"step"' "$WORK/train_$run.log" | cut -c1-420 | tee -a "$LOG" || tail -3 "$WORK/train_$run.log" | tee -a "$LOG"
+  grep '^{"step"' "$WORK/train_$run.log" | cut -c1-400 | tee -a "$LOG" || tail -3 "$WORK/train_$run.log" | tee -a "$LOG"
 done
-step "3. evaluate each: Q = 16 64 256 on the held-out scenes (and buffers of ${CONTEXT:-no more} slots)"
+
+step "3. evaluate each on the ${HW} held-out scenes: Q = $QUERIES, packed and dense, the diagnostic, the gap over training"
 for run in "${names[@]}"; do
   t=$(date +%s)
-  timeout "$EVAL_S" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries 16 64 256 ${CONTEXT:+--context $CONTEXT} --curve \
-    --batch-size 16 --figure-images 0 --no-progress --out "$WORK/eval_$run" > "$WORK/eval_$run.log" 2>&1
-  echo "[$run] exit $?, $(( $(date +%s) - t )) s" | tee -a "$LOG"
-  cp "$WORK/eval_$run/eval.md" "$OUT/eval_$run.md" 2>/dev/null
-  grep -e '^- q' -e '^|' "$WORK/eval_$run/eval.md" 2>/dev/null | tee -a "$LOG" || tail -3 "$WORK/eval_$run.log" | tee -a "$LOG"
+  size=$(size_of "$run")
+  timeout "$EVAL_S" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries $QUERIES --paths packed dense \
+    --anchors on --curve --context-diagnostic --max-images 256 --batch-size 16 --figure-images 1 --no-progress \
+    ${size:+--image-size "$HW"} --out "$WORK/$run/eval" > "$WORK/eval_$run.log" 2>&1
+  echo "[$run] eval exit $?, $(( $(date +%s) - t )) s" | tee -a "$LOG"
+  grep -e '^- q' "$WORK/$run/eval/eval.md" 2>/dev/null | tee -a "$LOG" || tail -3 "$WORK/eval_$run.log" | tee -a "$LOG"
+  timeout "$EVAL_S" $PY -m depthpack.eval --checkpoint "$WORK/$run" --gap-curve --queries 16 256 --max-images 128 \
+    ${size:+--image-size "$HW"} --out "$WORK/$run/gap" > "$WORK/gap_$run.log" 2>&1
+  echo "[$run] gap curve exit $?" | tee -a "$LOG"; cat "$WORK/$run/gap/gap.md" 2>/dev/null | tee -a "$LOG"
 done
-step "done"

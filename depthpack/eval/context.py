@@ -17,6 +17,20 @@ from typing import Any
 import torch
 
 from ..core.packing import bucket_for, patch_of_points
+from ..core.preprocess import scale_focal, scale_points
+
+
+def to_model_size(model, images: torch.Tensor, points: torch.Tensor | None = None, focal: torch.Tensor | None = None):
+    """Images of another size than the model's resized to it (bilinear, antialiased: a user's downsampling),
+    their points and focal scaled alike; at the model's size everything is returned as it is."""
+    size, have = tuple(model.cfg.img_size), tuple(images.shape[-2:])
+    if have == size:
+        return images, points, focal
+    images = torch.nn.functional.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+    if points is not None:  # pixel (x, y) stays inside the image: x * W / w < W
+        points = scale_points(points, have, size).clamp(min=0).minimum(
+            torch.tensor([size[1] - 1e-3, size[0] - 1e-3], device=points.device))
+    return images, points, scale_focal(focal, have, size) if focal is not None else None
 
 
 def _attention_rows(blk, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -46,7 +60,7 @@ def context_diagnostic(model, dataset, q: int, points_for, max_images: int = 32,
         pts = points_for(smp, i)
         if pts is None:
             continue
-        images, points = smp["image"][None].to(device), pts[None].to(device)
+        images, points, _ = to_model_size(model, smp["image"][None].to(device), pts[None].to(device))
         with torch.inference_mode():
             index, _ = model.select(images, points, k)
             grid = model.grid_of(images)

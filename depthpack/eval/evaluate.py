@@ -47,7 +47,7 @@ from ..core.files import atomic_write_json, atomic_write_text, check_writable_di
 from ..data.datasets import make_dataset
 from ..data.queries import sample_queries
 from ..data.config import DataConfig
-from .context import context_diagnostic, diagnostic_markdown
+from .context import context_diagnostic, diagnostic_markdown, to_model_size
 from .metrics import MetricAccumulator
 from .viz import depth_figure, gap_figure
 
@@ -89,22 +89,6 @@ def eval_points(sample: dict, q: int, seed: int, index: int, edge_frac: float = 
 def _at(points: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     # points [Q,2] (x, y), m [H,W] -> [Q]
     return m[points[:, 1].long(), points[:, 0].long()]
-
-
-def to_model_size(model, images: torch.Tensor, points: torch.Tensor | None = None, focal: torch.Tensor | None = None):
-    """Images of another size than the model's resized to it (bilinear, antialiased: a user's downsampling),
-    their points and focal scaled alike; at the model's size everything is returned as it is."""
-    size = tuple(model.cfg.img_size)
-    if tuple(images.shape[-2:]) == size:
-        return images, points, focal
-    (h, w), (H, W) = images.shape[-2:], size
-    images = torch.nn.functional.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
-    if points is not None:
-        points = (points * torch.tensor([W / w, H / h], device=points.device)).clamp(max=torch.tensor(
-            [W - 1e-3, H - 1e-3], device=points.device))
-    if focal is not None:
-        focal = focal * ((H * W) / (h * w)) ** 0.5
-    return images, points, focal
 
 
 def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
