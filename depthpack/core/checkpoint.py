@@ -223,7 +223,8 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
     own = model.state_dict()
     differ = {"missing": [k for k in own if k not in state], "unexpected": [k for k in state if k not in own],
               "of another shape": [k for k in own if k in state and state[k].shape != own[k].shape]}
-    said = [f"{len(ks)} {what} ({', '.join(ks[:3])}{', ...' if len(ks) > 3 else ''})" for what, ks in differ.items() if ks]
+    said = [f"{len(ks)} {what} ({', '.join(ks[:3])}{', ...' if len(ks) > 3 else ''})"
+            for what, ks in differ.items() if ks]
     if said:
         raise CheckpointError(f"{where} holds the weights of another model: tensors " + "; ".join(said))
     model.load_state_dict(state, strict=True)

@@ -44,7 +44,7 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
             self.tb = SummaryWriter(str(out_dir / "tb"))
         except Exception:  # tensorboard is optional
-            self.tb = None
+            pass
         if progress:
             from tqdm import tqdm
             self.bar = tqdm(total=steps, initial=start_step, desc="train", dynamic_ncols=True)

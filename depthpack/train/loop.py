@@ -48,7 +48,6 @@ from .step import TrainStep, check_graph_config, plain_lr_state
 class Dist:
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
     device: torch.device = torch.device("cpu")
     initialized_here: bool = False
 
@@ -76,7 +75,7 @@ def setup_distributed(device: str = "auto") -> Dist:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
         here = True
-    return Dist(rank, world, local_rank, dev, here)
+    return Dist(rank, world, dev, here)
 
 
 def _all_ranks_any(flag: bool, d: Dist) -> bool:
@@ -166,7 +165,8 @@ def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) 
             raise ValueError(f"{out} already holds checkpoints ({existing[-1].name}); pass resume=true to continue "
                              f"it, or choose another out_dir")
         return 0
-    found = ckpt.latest_checkpoint(out, use=lambda cdir, blobs: _load(cdir, blobs, cfg.model_config(), model, opt, sched))
+    mcfg = cfg.model_config()
+    found = ckpt.latest_checkpoint(out, use=lambda cdir, blobs: _load(cdir, blobs, mcfg, model, opt, sched))
     if found is None:
         if d.main:
             print(f"resume: {out} holds no checkpoint yet; starting from step 0")
@@ -322,9 +322,10 @@ def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
                                "wall_s": round(wall, 2), "world_size": d.world, "device": str(d.device)}
     if stopped is not None:
         summary["stopped_early"] = stopped
-    summary["throughput"] = meter.summary(step - start_step, wall, data_path="device" if cfg.data.device_cache else "host",
-                                          data_setup_s=data_setup_s, compile=cfg.compile, graph=cfg.graph,
-                                          graph_capture_s=train_step.capture_s, scenes=scenes, batch_size=cfg.batch_size)
+    path = "device" if cfg.data.device_cache else "host"
+    summary["throughput"] = meter.summary(step - start_step, wall, data_path=path, data_setup_s=data_setup_s,
+                                          compile=cfg.compile, graph=cfg.graph, graph_capture_s=train_step.capture_s,
+                                          scenes=scenes, batch_size=cfg.batch_size)
     if d.world > 1:
         summary["backend"] = dist.get_backend()
         summary["ranks_in_sync"] = _ranks_in_sync(model)
