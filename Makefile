@@ -2,6 +2,8 @@
 # make test-fast : the same without the tests marked slow (the inner loop; CI runs `make test`)
 # make demo : the main job end to end on the embedded synthetic data (see README)
 # make cross-aarch64 : build deploy_cpp for aarch64 (a Jetson's CPU), run its error paths under qemu
+# make fuzz : fuzz the C++ runner's readers with libFuzzer, 60 s per target (deploy_cpp/fuzz/README.md)
+# make asan : the C++ runner's tests on an ASan/UBSan build of it (deploy_cpp/fuzz/README.md)
 PY       ?= python3
 VENV     ?= .venv
 BIN      := $(VENV)/bin
@@ -11,7 +13,7 @@ TORCH    ?= torch==2.14.1 torchvision==0.29.1
 STAMP    := $(VENV)/.depthpack-installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast demo cross-aarch64 clean
+.PHONY: test test-fast demo cross-aarch64 fuzz asan clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,6 +47,14 @@ endif
 # Cross-compiles against the aarch64 wheel of the torch pinned above (docs/cross_aarch64.md); needs no .venv.
 cross-aarch64:
 	DP_CROSS_TORCH="$(firstword $(TORCH))" PYTHON="$(PY)" bash scripts/cross_aarch64.sh
+
+# The readers of deploy_cpp under libFuzzer (clang, ASan, UBSan); FUZZ_SECONDS per target. Needs no .venv.
+fuzz:
+	bash deploy_cpp/fuzz/run.sh
+
+# depthpack_run and robot_loop built with ASan and UBSan, then tests/deploy/test_cpp_runner.py on them.
+asan: $(STAMP)
+	PY="$(BIN)/python" bash deploy_cpp/fuzz/asan.sh
 
 clean:
 	rm -rf runs build deploy_cpp/build

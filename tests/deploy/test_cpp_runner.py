@@ -505,6 +505,9 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     "malformed line": (None, "x,y\n1,2\n\n3;4\n", [], ["line 4", 'expected "x,y"']),
     "three columns": (None, "1,2,3\n", [], ["line 1", 'expected "x,y"']),
     "nan point": (None, "nan,2\n", [], ["line 1", "not finite"]),
+    # fuzz_points' finding (deploy_cpp/fuzz/regressions/points/y_beyond_float32.csv): read as inf in float32
+    "point beyond float32": (None, "x,y\n45.25," + "4" * 112 + "\n", [], ["line 2", "beyond float32's range"]),
+    "hex point": (None, "0x10,2\n", [], ["line 1", 'expected "x,y"']),  # strtod reads it, Python's float does not
     "unreadable image": (None, "1,2\n", ["--image", "/nonexistent/image.safetensors"], ["image", "cannot be read"]),
     "unknown flag": (None, "1,2\n", ["--frobnicate"], ["unknown argument", "--frobnicate"]),
     # nothing hangs: devices, FIFOs, folders and huge files are refused before reading
