@@ -114,23 +114,11 @@ Package::Package(const Manifest& m, const Bucket& b, c10::Device device, bool gr
   }
   const auto meta = loader_->get_metadata();
   if (std::string why = metadata_mismatch(meta, m, b); !why.empty()) throw Error(w + " " + why);
-  // the record of the constants it expects (its sha256 vouches for it), against its own constant names and dtypes
+  // the record of the constants it expects (its sha256 vouches for it)
   const auto record = meta.find("depthpack.constants");
   if (record == meta.end())
     throw Error(w + " has no depthpack.constants metadata (exported by an older depthpack): re-export it with this depthpack");
   constants_ = parse_constant_specs(record->second, w + " depthpack.constants metadata");
-  auto* runner = loader_->get_runner();
-  const auto fqns = runner->getConstantNamesToOriginalFQNs();
-  for (const auto& [name, dtype] : runner->getConstantNamesToDtypes()) {
-    const auto fqn = fqns.find(name);
-    if (fqn == fqns.end()) continue;
-    const auto spec = constants_.find(fqn->second);
-    if (spec == constants_.end())
-      throw Error(w + " takes constant \"" + fqn->second + "\" that its depthpack.constants metadata does not list: re-export");
-    if (scalar_type(spec->second.dtype) != c10::ScalarType(dtype))
-      throw Error(w + " takes constant \"" + fqn->second + "\" as " + std::string(c10::toString(c10::ScalarType(dtype))) +
-                  ", its depthpack.constants metadata says " + spec->second.dtype + ": re-export");
-  }
 }
 
 // A package exported without its weights runs on unset memory (a crash) until its constants are
@@ -140,10 +128,18 @@ void Package::load_constants(const WeightsData& weights, c10::Device device) {
   const std::string w = "package " + b_.file.string();
   std::unordered_map<std::string, at::Tensor> subset;
   try {
+    std::unordered_map<std::string, int32_t> compiled;  // FQN -> the dtype its code takes (c10::ScalarType)
+    auto* runner = loader_->get_runner();
+    const auto fqns = runner->getConstantNamesToOriginalFQNs();
+    for (const auto& [name, dtype] : runner->getConstantNamesToDtypes())
+      if (auto it = fqns.find(name); it != fqns.end()) compiled[it->second] = dtype;
     for (const std::string& fqn : loader_->get_constant_fqns()) {
       const auto spec = constants_.find(fqn);
       if (spec == constants_.end())
         throw Error(w + " takes constant \"" + fqn + "\" that its depthpack.constants metadata does not list: re-export");
+      if (auto d = compiled.find(fqn); d != compiled.end() && scalar_type(spec->second.dtype) != c10::ScalarType(d->second))
+        throw Error(w + " takes constant \"" + fqn + "\" as " + std::string(c10::toString(c10::ScalarType(d->second))) +
+                    ", its depthpack.constants metadata says " + spec->second.dtype + ": re-export");
       const std::string_view bytes = weights.get(fqn, spec->second, w);
       at::Tensor cpu = at::empty(spec->second.shape, at::TensorOptions().dtype(*scalar_type(spec->second.dtype)));
       if (!bytes.empty()) std::memcpy(cpu.data_ptr(), bytes.data(), bytes.size());
