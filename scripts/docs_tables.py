@@ -1,0 +1,423 @@
+"""The tables of the docs, rendered from the result files in docs/results/ (so a page cannot drift from them).
+
+    python scripts/docs_tables.py             # rewrite every generated block of README.md and docs/**/*.md
+    python scripts/docs_tables.py --check     # exit 1, naming each page whose blocks differ from the results
+    python scripts/docs_tables.py --figures   # also redraw docs/figures/latency_h200.png and accuracy.png
+
+A page holds a generated block between two markers; everything else in the page is written by hand:
+
+    <!-- generated: NAME -->
+    ...
+    <!-- end generated: NAME -->
+
+A new measurement goes into its result file (a benchmark's bench.json replaces docs/results/h200_bench.json
+as it is), then this command re-renders every page that shows it. Each result file names the hardware,
+torch and the commit that produced it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+FIGURES = ROOT / "docs" / "figures"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
+MARK = re.compile(r"<!-- (?:end )?generated: ([\w-]+) -->")
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def ms(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (str, int)):
+        return str(v)
+    return f"{v:.3f}" if v < 10 else f"{v:.2f}"
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:+.1f}%"
+
+
+def table(head: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + \
+           ["| " + " | ".join("" if c is None else str(c) for c in r) + " |" for r in rows]
+
+
+def hardware(info: dict) -> str:
+    return ", ".join(x for x in (info.get("gpu") or info.get("cpu"), f"torch {info['torch']}" if info.get("torch") else "")
+                     if x)
+
+
+# ---- latency ------------------------------------------------------------------------------------------
+def _ok(data: dict) -> list[dict]:
+    return [r for r in data["results"] if "error" not in r and r.get("median_ms") is not None]
+
+
+def _commit(r: dict, info: dict) -> str:
+    return r.get("commit") or info.get("commit") or "?"
+
+
+def _caption(data: dict) -> str:
+    rs = _ok(data)
+    what = sorted({f"{r['preset']} {r['dtype']}" for r in rs})
+    commits = sorted({_commit(r, data["info"]) for r in rs})
+    tail = data.get("note") or f"Commit `{commits[0]}`."
+    return f"{hardware(data['info'])}; {', '.join(what)}. {tail}"
+
+
+def latency(data: dict, names: tuple[str, ...] | None = None, pairs: tuple | None = None, words: bool = True,
+            extra: tuple[str, ...] = ("back_to_back_ms", "kernels")) -> list[str]:
+    """One row per configuration, for each (batch, queries): call + sync median ms, back-to-back and kernels
+    where any row has them; a commit column when the rows come from more than one commit."""
+    rs = [r for r in _ok(data) if names is None or r["row"] in names]
+    info = data["info"]
+    pairs = pairs or tuple(sorted({(r["batch"], r["queries"]) for r in rs}))
+    order = list(names) if names else list(dict.fromkeys(r["row"] for r in rs))
+    at = {(r["row"], r["batch"], r["queries"]): r for r in rs}
+    order = [n for n in order if any((n, *p) in at for p in pairs)]
+    cols = []
+    for b, q in pairs:
+        cols.append((b, q, "median_ms", f"B{b} Q{q} ms"))
+        for key, label in (("back_to_back_ms", "back-to-back"), ("kernels", "kernels")):
+            if key in extra and any(at.get((n, b, q), {}).get(key) for n in order):
+                cols.append((b, q, key, label))
+    multi = len({_commit(r, info) for r in rs}) > 1
+    head = ["row"] + (["what it adds"] if words else []) + [c[3] for c in cols] + (["commit"] if multi else [])
+    out = []
+    for n in order:
+        mine = [at[(n, *p)] for p in pairs if (n, *p) in at]
+        cells = [f"**{n}**" if n == "fast" else n] + ([mine[0].get("switch", "")] if words else [])
+        cells += [ms(at[(n, b, q)].get(key)) if (n, b, q) in at else "" for b, q, key, _ in cols]
+        if multi:
+            cells.append(" / ".join(dict.fromkeys(f"`{_commit(r, info)}`" for r in mine)))
+        out.append(cells)
+    return table(head, out)
+
+
+def block_h200_latency() -> list[str]:
+    data = load("h200_bench.json")
+    lines = [_caption(data), ""] + latency(data)
+    for key, c in (data.get("checks") or {}).items():
+        lines.append(f"- {key}: the default {c['default_ms']:.3f} ms, the best row ({c['best_row']}) "
+                     f"{c['best_ms']:.3f} ms: {c['default_over_best']:.2f}x")
+    return lines
+
+
+def block_cpu_latency() -> list[str]:
+    data = load("cpu_bench.json")
+    return [_caption(data), "", data["what"] + ".", ""] + latency(data)
+
+
+def block_readme_latency() -> list[str]:
+    data = load("h200_bench.json")
+    names = ("fast", "packed-compile+graph", "masked-graph", "dav2-compile+graph")
+    return latency(data, names, pairs=((1, 256), (8, 512)), words=False, extra=("back_to_back_ms",)) + [
+        "", f"{_caption(data)} Source: `docs/results/h200_bench.json`."]
+
+
+def block_h200_cpp() -> list[str]:
+    data = load("h200_cpp.json")
+    rows = [[r["what"], r["package"], ms(r["median_ms"]), ms(r.get("p90_ms")), ms(r.get("read_median_ms")),
+             f"`{r['commit']}`"] for r in data["results"]]
+    return [f"{hardware(data['info'])}; {data['what']}.", ""] + table(
+        ["what is timed", "package", "median ms", "p90 ms", "with the frame's read, median ms", "commit"], rows)
+
+
+def block_h200_compile() -> list[str]:
+    data = load("h200_compile.json")
+    p = data["predictor"]
+    buckets = sorted(p["cold_s"], key=int)
+    lines = [f"{hardware(data['info'])}; {data['what']}.", ""]
+    lines += table(["Predictor, compile + capture", *buckets, "all buckets, one process", "commit"],
+                   [["cold s", *(p["cold_s"][b] for b in buckets), p["cold_total_s"], f"`{p['commit']}`"],
+                    ["warm s", *(p["warm_s"][b] for b in buckets), p["warm_total_s"], f"`{p['commit']}`"]])
+    lines += [""] + table(["AOTInductor package", "compile s", "commit"],
+                          [[k["what"], k["compile_s"], f"`{k['commit']}`"] for k in data["packages"]])
+    return lines
+
+
+def block_h200_profile() -> list[str]:
+    data = load("h200_profile.json")
+    prof = data["profiles"][0]
+    rows = [[k, f"{v:.1f}"] for k, v in sorted(prof["categories_us"].items(), key=lambda kv: -kv[1])]
+    rows.append(["graph replay, whole forward", f"{1e3 * prof['graph_replay_ms']:.1f}"])
+    return [f"{hardware(data['info'])}, commit `{data['info']['commit']}`: {data['what']}; {prof['backend']}, "
+            f"{prof['kernels_per_call']} kernels per call.", ""] + table(["kernels", "busy us"], rows)
+
+
+def block_dropped() -> list[str]:
+    data = load("dropped.json")
+    rows, paras = [], []
+    for e in data["dropped"]:
+        for f in e["figures"]:
+            bq = f"B{f['batch']} Q{f['queries']}" if f["queries"] else "-"
+            rows.append([e["name"], bq, f["metric"], ms(f["value"]), f"{ms(f['against_value'])} ({f['against']})",
+                         f"`{f['commit']}`"])
+        where = ", ".join(f"`{e['last_at']}:{p}`" for p in e["paths"])
+        added = f", added in `{e['added']}`" if e.get("added") else ""
+        paras += [f"**{e['name']}** (`{e['code']}`; last in {where}{added}). {e['why']}", ""]
+    pr = data["probes"]
+    paras.append("Probe scripts that measured the above and left with it:")
+    paras += [f"- `{pr['last_at']}:{s['path']}`: {s['what']}." for s in pr["scripts"]]
+    return table(["dropped", "B, Q", "metric", "value", "against", "commit"], rows) + [""] + paras
+
+
+# ---- accuracy -----------------------------------------------------------------------------------------
+def _absrel(v) -> str:
+    return "" if v is None else f"{v:.4f}"
+
+
+def _gap(r: dict) -> str:
+    p, d = r.get("packed_absrel"), r.get("dense_absrel")
+    return pct(p / d - 1) if p is not None and d else ""
+
+
+def _runs(rows: list[dict]) -> str:
+    runs = dict.fromkeys((r.get("gpu") or r.get("cpu"), r.get("torch"), r.get("commit")) for r in rows)
+    return "; ".join(f"{hw}, torch {t}, commit `{c}`" for hw, t, c in runs)
+
+
+def block_accuracy() -> list[str]:
+    data = load("accuracy.json")
+    rows = [[r["layout"] + (" (default)" if r["default"] else ""), r["q"], r["tokens"], r["encoder_gflop"],
+             _absrel(r["packed_absrel"]), _absrel(r["dense_absrel"]), _gap(r), r["steps"]] for r in data["rows"]]
+    return table(["layout", "Q", "tokens", "encoder GFLOP", "packed AbsRel", "dense AbsRel", "packed vs dense",
+                  "training steps"], rows) + ["", f"Runs: {_runs(data['rows'])}. Source: `docs/results/accuracy.json`."]
+
+
+def block_readme_accuracy() -> list[str]:
+    data = load("accuracy.json")
+    rs = [r for r in data["rows"] if r["default"]]
+    rows = [[r["q"], r["tokens"], r["encoder_gflop"], _absrel(r["packed_absrel"]), _absrel(r["dense_absrel"]), _gap(r)]
+            for r in rs]
+    dense = rs[0].get("dense_tokens"), rs[0].get("dense_encoder_gflop")
+    note = f" The dense path runs {dense[0]} tokens ({dense[1]} GFLOP)." if dense[0] else ""
+    return table(["queries", "tokens", "encoder GFLOP", "packed AbsRel", "dense AbsRel", "packed vs dense"], rows) + [
+        "", f"{rs[0]['preset']} at {rs[0]['image']}, {rs[0]['layout']}, {rs[0]['steps']} training steps, {rs[0]['data']}."
+        f"{note} {_runs(rs)}; `docs/results/accuracy.json`."]
+
+
+def block_focal() -> list[str]:
+    data = load("focal.json")
+    rows = [[r["run"], r["rig"], r["focal_input"], _absrel(r["packed_absrel_q16"]), _absrel(r["packed_absrel_q64"])]
+            for r in data["rows"]]
+    i = data["info"]
+    return table(["run", "rig", "focal input", "packed AbsRel Q16", "Q64"], rows) + [
+        "", f"{data['what']}. {i['cpu']}, torch {i['torch']}, commit `{i['commit']}`."]
+
+
+def block_demo_accuracy() -> list[str]:
+    data = load("demo_accuracy.json")
+    rows = [[r["q"], _absrel(r["packed_absrel"]), _absrel(r["dense_absrel"]), _absrel(r["packed_absrel_no_anchors"]),
+             _absrel(r["constant_absrel"]), f"{r['constant_absrel'] / r['packed_absrel']:.2f}x"] for r in data["rows"]]
+    i = data["info"]
+    return table(["queries", "packed", "dense", "packed, anchors off", "best constant", "constant / packed"], rows) + [
+        "", f"{data['what']}. {i['cpu']}, torch {i['torch']}, commit `{i['commit']}`."]
+
+
+def block_train_throughput() -> list[str]:
+    data = load("train_throughput.json")
+    rows = [[r["config"], r["batch"], "yes" if r["graph"] else "no", f"{r['images_s']:.0f}", f"{r['data_ms']:.1f}",
+             f"{r['compute_ms']:.1f}", r["what"], f"`{r['commit']}`"] for r in data["rows"]]
+    return table(["config", "batch", "graph=true", "images/s", "data ms", "compute ms", "measured by", "commit"], rows) + [
+        "", f"{hardware(data['info'])}; {data['what']}."]
+
+
+# ---- the Orin predictions (docs/results/orin.json, written by scripts/orin.py) ----------------------
+def block_orin_answer() -> list[str]:
+    rep = load("orin.json")
+    g = rep["goal"]
+    verdict = ("met across the whole band" if g["met_whole_band"] else
+               "met at the central estimate, not across the whole band" if g["met_central"] else "not met")
+    c = g["limit_reached_when"]
+    parts = [f"the fixed per-kernel costs are {c['floor_scale']:.2f}x the clock-scaled H200 ones (central 1)"
+             if c["floor_scale"] is not None else "",
+             f"the tensor efficiency is {c['target_eff']:.2f} (central {g['central_eff']:.2f})" if c["target_eff"] is not None else "",
+             f"the DRAM efficiency is {c['target_mem_eff']:.2f} (central 0.75)" if c["target_mem_eff"] is not None else ""]
+    parts = [p for p in parts if p]
+    cross = ("With the other assumptions central, it reaches the limit when " + ", or when ".join(parts) + "."
+             if parts else "No single assumption within its range moves it past the limit.")
+    lines = [f"{g['what']}, goal {g['limit_ms']:.0f} ms: predicted **{g['ms']:.2f} ms**, band {g['ms_low']:.2f}-"
+             f"{g['ms_high']:.2f} ms, **{verdict}**. {cross} Of the central {g['ms']:.2f} ms, "
+             f"{g['fixed_costs_us'] / 1e3:.2f} ms are the fixed costs of the {g['kernels']} launches. Where it goes (us): "
+             + ", ".join(f"{k} {v:.0f}" for k, v in sorted(g["breakdown_us"].items(), key=lambda kv: -kv[1])) + ".", ""]
+    rows = []
+    for path in ("packed", "dense"):
+        rs = [r for r in rep["predictions"] if r["device"] == "agx_orin_64" and r["path"] == path]
+        rows.append([f"{path} ms (band)"] + [f"{r['ms']:.2f} ({r['ms_low']:.2f}-{r['ms_high']:.2f})" for r in rs])
+    qs = [r["queries"] for r in rep["predictions"] if r["device"] == "agx_orin_64" and r["path"] == "packed"]
+    return lines + table(["AGX Orin 64GB, B1"] + [f"Q{q}" for q in qs], rows)
+
+
+def block_orin_summary() -> list[str]:
+    g = load("orin.json")["goal"]
+    return [f"Predicted for {g['what']}: **{g['ms']:.2f} ms**, band {g['ms_low']:.2f}-{g['ms_high']:.2f} ms "
+            f"(`docs/results/orin.json`)."]
+
+
+def block_orin_predictions() -> list[str]:
+    rep = load("orin.json")
+    rows = [[r["device_name"], r["path"], r["queries"], r["tokens"], r["kernels"], f"{r['gflop']:.1f}", f"{r['ms']:.2f}",
+             f"{r['ms_low']:.2f}-{r['ms_high']:.2f}"] for r in rep["predictions"]]
+    fam = [[r["device_name"], r["model"], r["kernels"], r["gflop"], f"{r['ms']:.1f}", f"{r['ms_low']:.1f}-{r['ms_high']:.1f}"]
+           for r in rep["dense_family"]]
+    return table(["device", "path", "Q", "tokens", "kernels", "GFLOP", "predicted ms", "band ms"], rows) + [
+        "", "Dense models of the same family, TensorRT-style (fused epilogues, flash attention), fp16, GPU time only:",
+        ""] + table(["device", "model", "kernels", "GFLOP", "predicted ms", "band ms"], fam)
+
+
+def block_orin_fit() -> list[str]:
+    rep = load("orin.json")
+    hp, gen = rep["h200_params"], rep["h200_fit_from_generic_start"]
+    rows = [[e["id"], f"{e['measured_us']:.1f}", f"{e['predicted_us']:.1f}", f"{e['error_pct']:+.1f}%"]
+            for e in rep["h200_calibration"]]
+    bound = ", ".join(rep["h200_at_bound"]) or "none"
+    return table(["H200 point", "measured us", "predicted us", "error"], rows) + [
+        "", f"{len(rows)} points; RMS log error {rep['h200_rms_log_error']:.3f}. Fitted (H200 units): "
+        + ", ".join(f"{k} {v:g}" for k, v in hp.items()) + f". At a bound of their range: {bound}. From a generic start "
+        f"the fit ends at RMS {gen['rms_log_error']:.3f} and predicts {gen['goal_ms']:.3f} ms for the goal point "
+        f"instead of {rep['goal']['ms']:.3f}."]
+
+
+def block_orin_calibration() -> list[str]:
+    rep = load("orin.json")
+    oc = rep["orin_calibration"]
+    rows = [[e["id"], e["stack"], e["gflop"], f"{e['measured_ms']:.2f}", f"{e['predicted_ms']:.2f}", f"{e['error_pct']:+.1f}%",
+             e["source"]] for e in oc["points"]]
+    cc = oc["cross_check"]
+    rows += [[f"{cc['id']}, {'with' if v['da3_aux'] else 'without'} DA3's aux head (cross-check, not fitted)", "trt10.3",
+              v["gflop"], f"{cc['measured_ms']:.2f}", f"{v['predicted_ms']:.2f}", f"{v['error_pct']:+.1f}%", cc["source"]]
+             for v in cc["variants"]]
+    st = oc["stacks"]
+    corners = rep["orin_transfer"]["effs_per_corner"]
+    return table(["published point", "stack", "GFLOP", "measured ms", "predicted ms", "error", "source"], rows) + [
+        "", f"Fitted (central assumptions): TensorRT 10.3 target_eff {st['trt10.3']['target_eff']:.3f}, host overhead "
+        f"{st['trt10.3']['host_ms']:.2f} ms (two parameters, two points: the cross-check is the test); TensorRT 8.5 "
+        f"target_eff {st['trt8.5']['target_eff']:.3f}, host {st['trt8.5']['host_ms']:.2f} ms on four points (shown, "
+        f"not used). target_eff per corner, with / without DA3's aux head / fitting the cross-check: "
+        + "; ".join(f"{c} {v['with_da3_aux']:.3f} / {v['without_da3_aux']:.3f} / {v['cross_check']:.3f}"
+                    for c, v in corners.items()) + "."]
+
+
+def block_orin_devices() -> list[str]:
+    rep = load("orin.json")
+    rows = [[d["name"], d["sms"], d["clock_ghz"], f"{d['peak_tflops']:.1f}", d["mem_gbs"], d["l2_mb"], d["derivation"],
+             "; ".join(d["sources"])] for d in rep["devices"].values()]
+    return table(["device", "SMs", "clock GHz", "dense FP16 TFLOP/s", "DRAM GB/s", "L2 MB", "derivation", "sources"], rows)
+
+
+BLOCKS = {name[len("block_"):].replace("_", "-"): fn for name, fn in list(globals().items()) if name.startswith("block_")}
+
+
+# ---- pages --------------------------------------------------------------------------------------------
+def render(text: str, where: str = "page") -> str:
+    """text with every generated block re-rendered; unknown or unclosed blocks are a ValueError."""
+    opened = MARK.findall(text)
+    closed = [m.group("name") for m in BLOCK.finditer(text)]
+    if len(opened) != 2 * len(closed):
+        raise ValueError(f"{where}: a generated block is not closed (blocks found: {', '.join(closed) or 'none'})")
+    for name in closed:
+        if name not in BLOCKS:
+            raise ValueError(f"{where}: unknown generated block {name!r}; known: {', '.join(sorted(BLOCKS))}")
+    return BLOCK.sub(lambda m: m.group(1) + "\n".join(BLOCKS[m.group("name")]()) + "\n" + m.group(4), text)
+
+
+# ---- figures ------------------------------------------------------------------------------------------
+def figures() -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    data = load("h200_bench.json")
+    rs = _ok(data)
+    pairs = sorted({(r["batch"], r["queries"]) for r in rs})
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.2 * len(pairs), 4.6), dpi=90)
+    for ax, (b, q) in zip(list(getattr(axes, "flat", [axes])), pairs):
+        mine = [r for r in rs if (r["batch"], r["queries"]) == (b, q)][::-1]
+        colors = ["tab:green" if r["row"] == "fast" else "tab:gray" if r["row"].startswith(("masked", "dense", "dav2"))
+                  else "tab:blue" for r in mine]
+        ax.barh([r["row"] for r in mine], [r["median_ms"] for r in mine], color=colors)
+        for i, r in enumerate(mine):
+            ax.text(r["median_ms"], i, f" {ms(r['median_ms'])}", va="center", fontsize=7)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("ms, one call + sync (log)")
+        ax.set_title(f"batch {b}, {q} queries", fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+    fig.suptitle(f"vits 518 bf16 on {data['info'].get('gpu')}: latency per row (green: the default; "
+                 "docs/results/h200_bench.json)", fontsize=10)
+    fig.tight_layout()
+    out = [FIGURES / "latency_h200.png"]
+    fig.savefig(out[0])
+    plt.close(fig)
+
+    acc = load("accuracy.json")["rows"]
+    fig, ax = plt.subplots(figsize=(7.2, 4.2), dpi=90)
+    families = list(dict.fromkeys(r["layout"].split(",")[0] for r in acc))  # "64 anchors, 512 slots" -> "64 anchors"
+    for layout in dict.fromkeys(r["layout"] for r in acc):
+        mine = [r for r in acc if r["layout"] == layout and r.get("packed_absrel") is not None]
+        if mine:
+            variant = "," in layout
+            ax.plot([r["encoder_gflop"] for r in mine], [r["packed_absrel"] for r in mine],
+                    ("s" if variant else "o") + ("-" if len(mine) > 1 else ""), mfc="none" if variant else None,
+                    color=f"C{families.index(layout.split(',')[0])}", label=f"{layout}, packed")
+            for r in mine:
+                ax.annotate(f"Q{r['q']}", (r["encoder_gflop"], r["packed_absrel"]), fontsize=6,
+                            xytext=(3, 3), textcoords="offset points")
+    dense = {(r["dense_encoder_gflop"], r["dense_absrel"], r["q"]) for r in acc if r.get("dense_encoder_gflop")}
+    if dense:
+        ax.scatter([d[0] for d in dense], [d[1] for d in dense], marker="^", color="k", s=14, label="dense, same points")
+    ax.set_xscale("log")
+    ax.set_xlabel("encoder GFLOP per image (log)")
+    ax.set_ylabel("AbsRel (lower is better)")
+    ax.grid(alpha=0.3, which="both", lw=0.4)
+    ax.legend(fontsize=7)
+    ax.set_title("accuracy against compute: packed layouts and the dense path", fontsize=9)
+    fig.tight_layout()
+    out.append(FIGURES / "accuracy.png")
+    fig.savefig(out[1])
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__)
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page differs from its results")
+    ap.add_argument("--figures", action="store_true", help="also redraw the figures drawn from the results")
+    args = ap.parse_args(argv)
+    stale = []
+    for page in pages():
+        text = page.read_text()
+        new = render(text, str(page.relative_to(ROOT)))
+        if new != text:
+            stale.append(str(page.relative_to(ROOT)))
+            if not args.check:
+                page.write_text(new)
+    if args.check:
+        if stale:
+            print(f"docs_tables: error: not rendered from docs/results/: {', '.join(stale)} "
+                  "(run python scripts/docs_tables.py)", file=sys.stderr)
+            return 1
+        return 0
+    drawn = figures() if args.figures else []
+    print(json.dumps(dict(rewritten=stale, figures=[str(p.relative_to(ROOT)) for p in drawn])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
