@@ -77,7 +77,7 @@ def _caption(data: dict) -> str:
 
 
 def latency(data: dict, names: tuple[str, ...] | None = None, pairs: tuple | None = None, words: bool = True,
-            extra: tuple[str, ...] = ("back_to_back_ms", "kernels")) -> list[str]:
+            extra: tuple[str, ...] = ("back_to_back_ms", "kernels", "commit")) -> list[str]:
     """One row per configuration, for each (batch, queries): call + sync median ms, back-to-back and kernels
     where any row has them; a commit column when the rows come from more than one commit."""
     rs = [r for r in _ok(data) if names is None or r["row"] in names]
@@ -92,7 +92,7 @@ def latency(data: dict, names: tuple[str, ...] | None = None, pairs: tuple | Non
         for key, label in (("back_to_back_ms", "back-to-back"), ("kernels", "kernels")):
             if key in extra and any(at.get((n, b, q), {}).get(key) for n in order):
                 cols.append((b, q, key, label))
-    multi = len({_commit(r, info) for r in rs}) > 1
+    multi = "commit" in extra and len({_commit(r, info) for r in rs}) > 1
     head = ["row"] + (["what it adds"] if words else []) + [c[3] for c in cols] + (["commit"] if multi else [])
     out = []
     for n in order:
@@ -122,8 +122,9 @@ def block_cpu_latency() -> list[str]:
 def block_readme_latency() -> list[str]:
     data = load("h200_bench.json")
     names = ("fast", "packed-compile+graph", "masked-graph", "dav2-compile+graph")
+    note = f" {data['short_note']}" if data.get("short_note") else ""
     return latency(data, names, pairs=((1, 256), (8, 512)), words=False, extra=("back_to_back_ms",)) + [
-        "", f"{_caption(data)} Source: `docs/results/h200_bench.json`."]
+        "", f"{hardware(data['info'])}.{note} `docs/results/h200_bench.json` names each row's commit."]
 
 
 def block_h200_cpp() -> list[str]:
@@ -203,9 +204,10 @@ def block_readme_accuracy() -> list[str]:
             for r in rs]
     dense = rs[0].get("dense_tokens"), rs[0].get("dense_encoder_gflop")
     note = f" The dense path runs {dense[0]} tokens ({dense[1]} GFLOP)." if dense[0] else ""
+    hw = "; ".join(dict.fromkeys(f"{r.get('gpu') or r.get('cpu')}, torch {r.get('torch')}" for r in rs))
     return table(["queries", "tokens", "encoder GFLOP", "packed AbsRel", "dense AbsRel", "packed vs dense"], rows) + [
         "", f"{rs[0]['preset']} at {rs[0]['image']}, {rs[0]['layout']}, {rs[0]['steps']} training steps, {rs[0]['data']}."
-        f"{note} {_runs(rs)}; `docs/results/accuracy.json`."]
+        f"{note} Trained on {hw}; `docs/results/accuracy.json` names the commit."]
 
 
 def block_focal() -> list[str]:
