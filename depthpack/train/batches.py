@@ -17,9 +17,8 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..core.packing import bucket_for
 from ..data.queries import sample_queries
-from .config import TrainConfig, draw_q
+from .config import TrainConfig, draw_bucket, draw_q
 
 
 @dataclass
@@ -31,7 +30,7 @@ class Batch:
     valid: torch.Tensor  # [B,K] bool
     extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None  # points, parent, target, valid [B,E]
     focal: torch.Tensor | None  # [B] float32 pixels (0 = unknown); None where the data set has none
-    bucket: int  # the packed buffer's capacity for q (bucket_for)
+    bucket: int  # the packed buffer's capacity for q (draw_bucket)
     q: int  # the step's query count
     step: int
 
@@ -124,4 +123,4 @@ def host_batches(dataset, cfg: TrainConfig, rank: int, world: int, start_step: i
         loader = DataLoader(wrapped, batch_sampler=keys, num_workers=cfg.num_workers, persistent_workers=False,
                             pin_memory=device.type == "cuda")
         for s, q, batch in zip(steps, qs, loader):
-            yield to_batch(batch, s, q, bucket_for(q, buckets), device)
+            yield to_batch(batch, s, q, draw_bucket(cfg, buckets, q, s), device)

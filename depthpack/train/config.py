@@ -13,6 +13,7 @@ import yaml
 from ..core.config import (ModelConfig, coerce_dict, coerce_fields, deep_merge, from_dict, load_yaml, model_config,
                            parse_overrides, to_dict)
 from ..core.files import atomic_write_text
+from ..core.packing import bucket_for
 from ..data.config import DataConfig
 
 
@@ -36,7 +37,13 @@ class TrainConfig:
     warmup_steps: int = 50  # linear warmup from 0
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     silog_lambda: float = 0.5  # SiLogLoss(lambd)
-    distill_weight: float = 0.0  # weight of |log packed - log dense| (dense path of the same model, detached); 0 = off
+    # distillation from a dense teacher: an EMA of the weights (no gradient) runs the dense path, and the packed
+    # path's tokens at the queries are pulled toward the teacher's after distill_blocks; 0 = off
+    distill_weight: float = 0.0  # the weight at the end of its ramp (linear from 0 over the first half of training)
+    distill_blocks: list[int] | None = None  # block indices (0-based); None: the middle one and the last
+    distill_images: int = 16  # images of each batch the teacher runs on (its dense path costs ~2 packed ones)
+    teacher_decay: float = 0.999  # EMA decay of the teacher's weights
+    random_budgets: bool = False  # each step's bucket drawn among those that hold its Q (not always the smallest)
     queries: list[int] | None = None  # Q values to draw from each step; None: every bucket in [q_min, q_max]
     q_min: int = 1
     q_max: int | None = None  # None: the largest bucket
@@ -97,10 +104,13 @@ class TrainConfig:
         if not 0 <= self.seed < 2**32:  # the per-step seeds are built from it and must stay in 64 bits
             problems.append(f"seed must lie in [0, 2**32), got {self.seed}")
         for name, lo in (("eval_every", 0), ("eval_images", 1), ("eval_queries", 1), ("weight_decay", 0),
-                         ("backbone_lr_ratio", 0), ("grad_clip", 0), ("distill_weight", 0)):
+                         ("backbone_lr_ratio", 0), ("grad_clip", 0), ("distill_weight", 0), ("distill_images", 0)):
             if getattr(self, name) < lo:
                 problems.append(f"{name} must be >= {lo}, got {getattr(self, name)}")
-        for name in ("min_lr_ratio", "silog_lambda"):
+        depth = self.model_config().depth
+        if any(not 0 <= b < depth for b in self.distill_blocks or ()):
+            problems.append(f"distill_blocks {self.distill_blocks} must be block indices in [0, {depth})")
+        for name in ("min_lr_ratio", "silog_lambda", "teacher_decay"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         kmax = self.model_config().buckets[-1]
@@ -131,6 +141,15 @@ class TrainConfig:
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def draw_bucket(cfg: TrainConfig, buckets: tuple[int, ...], q: int, step: int) -> int:
+    """The step's bucket for q queries: the smallest that holds them, or with random_budgets one drawn
+    uniformly among those that do (the same on every rank), so every budget is trained at every Q."""
+    fits = [b for b in buckets if b >= q] or [bucket_for(q, buckets)]
+    if not cfg.random_budgets:
+        return fits[0]
+    return random.Random(cfg.seed * 1_000_033 + step).choice(fits)
 
 
 def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:

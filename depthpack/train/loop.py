@@ -32,14 +32,13 @@ from ..core import checkpoint as ckpt, cli
 from ..core.config import ModelConfig, from_dict, to_dict
 from ..core.files import atomic_write_json, check_writable_dir, remove_stale_temporaries
 from ..core.model import DepthPack
-from ..core.packing import bucket_for
 from ..data.datasets import make_dataset
 from ..eval.evaluate import quick_eval
 from .batches import Batch, host_batches
-from .config import TrainConfig, dump_yaml, load_train_config
+from .config import TrainConfig, draw_bucket, dump_yaml, load_train_config
 from .device_data import DeviceScenes, device_stream
 from .log import Meter, RunLog, sync
-from .losses import PackedObjective
+from .losses import PackedObjective, Teacher
 from .step import TrainStep, check_graph_config, plain_lr_state
 
 
@@ -133,7 +132,13 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 def make_step(model: DepthPack, opt: torch.optim.Optimizer, cfg: TrainConfig, d: Dist) -> TrainStep:
     """The objective, under DDP with several processes, compiled with cfg.compile, in a TrainStep."""
-    runner: nn.Module = PackedObjective(model, cfg.silog_lambda, cfg.distill_weight).to(d.device)
+    teacher = None
+    if cfg.distill_weight > 0:
+        depth = len(model.backbone.blocks)
+        blocks = tuple(cfg.distill_blocks) if cfg.distill_blocks is not None else (depth // 2 - 1, depth - 1)
+        teacher = Teacher(model, blocks, cfg.distill_images, cfg.teacher_decay, cfg.distill_weight, cfg.steps // 2)
+    objective = PackedObjective(model, cfg.silog_lambda, teacher).to(d.device)
+    runner: nn.Module = objective
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
         runner = DDP(runner, device_ids=[d.device.index] if d.device.type == "cuda" else None)
@@ -141,7 +146,9 @@ def make_step(model: DepthPack, opt: torch.optim.Optimizer, cfg: TrainConfig, d:
         import torch._dynamo as dynamo
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(cfg.model_config().buckets))
         runner = torch.compile(runner, dynamic=False)
-    return TrainStep(runner, model, opt, cfg.grad_clip, cfg.amp, d.device, graph=cfg.graph)
+    step = TrainStep(runner, model, opt, cfg.grad_clip, cfg.amp, d.device, graph=cfg.graph)
+    step.teacher = objective.teacher
+    return step
 
 
 # ---- the run folder: start, resume, save --------------------------------------------------------
@@ -236,7 +243,7 @@ def open_batches(cfg: TrainConfig, d: Dist, start_step: int) -> tuple[Iterator[B
     if not cfg.data.device_cache:
         return host_batches(train_set, cfg, d.rank, d.world, start_step, d.device), len(train_set)
     scenes = DeviceScenes(train_set.store, d.device, cfg, mcfg, d.rank)  # every scene in one tensor on the device
-    return (scenes.batch(idx, q, bucket_for(q, mcfg.buckets), step) for step, q, idx in
+    return (scenes.batch(idx, q, draw_bucket(cfg, mcfg.buckets, q, step), step) for step, q, idx in
             device_stream(scenes.n, cfg, d.world, d.rank, start_step, mcfg.buckets, d.device)), len(train_set)
 
 
@@ -292,6 +299,8 @@ def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
             meter.data_ready(b)
             loss, terms, gnorm = train_step(b)
             sched.step()
+            if train_step.teacher is not None:
+                train_step.teacher.after_step(model, step)
             meter.step_done(b, loss, terms)
             if step % cfg.log_every == 0 or step == cfg.steps:
                 log.log(meter.row(b, sched.get_last_lr()[0], gnorm))

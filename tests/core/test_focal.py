@@ -135,7 +135,7 @@ def test_training_objective_sees_the_focal():
     from depthpack.train.loop import PackedObjective
 
     m = randomize_(create_model("tiny", canonical_focal=FC))
-    obj = PackedObjective(m, 0.5, 0.0)
+    obj = PackedObjective(m, 0.5)
     img, pts = rand_inputs(8, 2, 8)
     target = torch.full((2, 8), 3.0)
     valid = torch.ones(2, 8, dtype=torch.bool)
