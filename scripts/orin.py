@@ -68,9 +68,8 @@ def _orin_peak(sms: int, ghz: float) -> float:
 DEVICES: dict[str, Device] = {d.key: d for d in [
     Device("h200", "NVIDIA H200 SXM", 132, 1.98, 989.0, 4800.0, 50.0, "sm_90",
            "datasheet dense BF16 989 TFLOP/s (1979 with sparsity), HBM3e 4.8 TB/s, 50 MB L2 (the GH100 die of the "
-           "H100 SXM; only the Orins' L2 enters the predictions); measured on this project's "
-           "H200: ~790 TFLOP/s on an 8192^3 bf16 GEMM and ~4.3 TB/s copy (figures given in the brief; no "
-           "committed file records them); 132 SMs and 1980 MHz max SM clock from docs/results/h200_calibration.json",
+           "H100 SXM; only the Orins' L2 enters the predictions); on an H200 an 8192^3 bf16 GEMM reaches "
+           "about 790 TFLOP/s and a copy about 4.3 TB/s (not in a committed result file); 132 SMs and 1980 MHz max SM clock from docs/results/h200_calibration.json",
            ("https://www.nvidia.com/en-us/data-center/h200/", "docs/results/h200_calibration.json (info)")),
     Device("agx_orin_64", "Jetson AGX Orin 64GB", 16, 1.30, _orin_peak(16, 1.30), 204.8, 4.0, "sm_87",
            "2048 CUDA cores = 16 SMs x 128, 64 tensor cores, 4 MB L2, GPU max 1.3 GHz, 204.8 GB/s LPDDR5; GPU 170 sparse "
