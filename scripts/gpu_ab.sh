@@ -21,8 +21,13 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WORK=$(mktemp -d /tmp/ab.XXXX)
 CFG=${CFG:-configs/scale.yaml}
 COMMON=(data.cache_dir="$WORK/scenes" data.render_budget_s=30 eval_every=0 progress=false)
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"  # overrides for every run, e.g. EXTRA="graph=true"
+COMMON+=("${EXTRA_ARGS[@]}")
+DEADLINE_S=${DEADLINE_S:-570}  # the whole script: the evaluations take what is left
 T0=$(date +%s)
 step() { echo "== $(date -u +%T) +$(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
+left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
+limit() { local l; l=$(( $(left) - 5 )); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 )); }
 finish() { tar czf "$OUT/results.tgz" -C "$WORK" --exclude=scenes --exclude=checkpoints . 2>/dev/null; step "done"; }
 trap finish EXIT
 names=(); for r in $RUNS; do names+=("${r%%:*}"); done
@@ -46,7 +51,7 @@ step "2. train ${names[*]} at once, $STEPS steps each (guard ${TRAIN_S}s)"
 for run in "${names[@]}"; do
   echo "[$run] $(overrides "$run")" | tee -a "$LOG"
   # shellcheck disable=SC2046  # the overrides are words by design
-  timeout $(( TRAIN_S + 30 )) $PY train/train.py --config $CFG "${COMMON[@]}" out_dir="$WORK/$run" steps="$STEPS" \
+  timeout $(( TRAIN_S + 60 )) $PY train/train.py --config $CFG "${COMMON[@]}" out_dir="$WORK/$run" steps="$STEPS" \
     max_time_s="$TRAIN_S" ckpt_every="$CKPT_EVERY" keep_checkpoints=20 $(overrides "$run") > "$WORK/train_$run.log" 2>&1 &
 done
 if [ "${GPU_TESTS:-0}" = 1 ]; then  # correctness tests beside the trainings: compile-bound, they need the CPU cores
@@ -64,12 +69,44 @@ step "3. evaluate each on the ${HW} held-out scenes: Q = $QUERIES, packed and de
 for run in "${names[@]}"; do
   t=$(date +%s)
   size=$(size_of "$run")
-  timeout "$EVAL_S" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries $QUERIES --paths packed dense \
+  timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries $QUERIES --paths packed dense \
     --anchors on --curve --context-diagnostic --max-images 256 --batch-size 16 --figure-images 1 --no-progress \
     ${size:+--image-size "$HW"} --out "$WORK/$run/eval" > "$WORK/eval_$run.log" 2>&1
   echo "[$run] eval exit $?, $(( $(date +%s) - t )) s" | tee -a "$LOG"
   grep -e '^- q' "$WORK/$run/eval/eval.md" 2>/dev/null | tee -a "$LOG" || tail -3 "$WORK/eval_$run.log" | tee -a "$LOG"
-  timeout "$EVAL_S" $PY -m depthpack.eval --checkpoint "$WORK/$run" --gap-curve --queries 16 256 --max-images 128 \
+done
+for run in "${names[@]}"; do  # the gap over training: after every run's own evaluation, with what time is left
+  size=$(size_of "$run")
+  timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --gap-curve --queries 16 256 --max-images 128 \
     ${size:+--image-size "$HW"} --out "$WORK/$run/gap" > "$WORK/gap_$run.log" 2>&1
   echo "[$run] gap curve exit $?" | tee -a "$LOG"; cat "$WORK/$run/gap/gap.md" 2>/dev/null | tee -a "$LOG"
 done
+if [ -n "${PROBE:-}" ] && [ "$(left)" -gt 60 ]; then  # issue 27's training-free probe: a thumbnail run's weights, its
+  # anchor slots carrying the pooled patch embeddings of their cells instead (same count, no training)
+  step "probe: $PROBE with pooled anchors, no training"
+  timeout "$(limit 60)" $PY - "$WORK/$PROBE" "$WORK/probe_pooled" > "$WORK/probe.log" 2>&1 <<'PYEOF'
+import json, sys
+from pathlib import Path
+import torch
+from depthpack.core.checkpoint import load_model
+from depthpack.core.files import atomic_write_json
+from depthpack.core.model import DepthPack
+from depthpack.data.datasets import make_dataset
+from depthpack.eval.evaluate import EvalSettings, data_config, evaluate
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+m = load_model(run, device=dev)
+g = m.cfg.anchor_grid
+pooled = DepthPack(type(m.cfg)(**{**vars(m.cfg), "context": "pooled", "glance_grid": (g, g)})).to(dev).eval()
+missing, unexpected = pooled.load_state_dict(m.state_dict(), strict=False)
+ds = make_dataset(data_config(run, None, []), "val", m.cfg.img_size, m.cfg.min_depth, m.cfg.max_depth)
+s = EvalSettings(queries=(16, 64, 256), anchors=(True,), paths=("packed", "dense"), max_images=256, figure_images=0, progress=False)
+res = {"thumbnail": evaluate(m, ds, s)["summary"], "pooled, no training": evaluate(pooled, ds, s)["summary"],
+       "missing": missing, "unexpected": unexpected}
+out.mkdir(exist_ok=True)
+atomic_write_json(out / "probe.json", res)
+print(json.dumps({k: {q: (round(e["packed_abs_rel"], 4), round(e["dense_abs_rel"], 4)) for q, e in v.items()}
+                  for k, v in res.items() if isinstance(v, dict)}))
+PYEOF
+  tail -1 "$WORK/probe.log" | cut -c1-600 | tee -a "$LOG"
+fi
