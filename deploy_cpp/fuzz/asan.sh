@@ -21,8 +21,9 @@ mkdir -p "$BUILD"
 T_ALL=$EPOCHREALTIME
 
 t=$EPOCHREALTIME
-FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1"
-if ! { cmake -S deploy_cpp -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="$FLAGS" \
+# -O1: what the sanitizers are meant for, and libtorch's headers compile much faster than at -O3
+FLAGS="-O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1"
+if ! { cmake -S deploy_cpp -B "$BUILD" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$FLAGS" \
          -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
          -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" &&
        cmake --build "$BUILD" -j "$(nproc)" --target depthpack_run robot_loop; } >"$BUILD/build.log" 2>&1; then
@@ -36,10 +37,12 @@ say "build: $(secs "$t") s ($FLAGS)"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:exitcode=86:abort_on_error=0:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:exitcode=87:print_stacktrace=1}
 t=$EPOCHREALTIME
-# the build without OpenCV compiles another runner, not this one: left to make test
+# left to make test: the build without OpenCV (it compiles another runner, not this one) and the
+# hypothesis cases of the CSV and image readers (the fuzz targets read far more inputs)
 rc=0
 DEPTHPACK_RUN="$BUILD/depthpack_run" "$PY" -m pytest -q -p no:cacheprovider tests/deploy/test_cpp_runner.py \
-  -k "not test_build_without_opencv" ${PYTEST_ARGS:-} || rc=$?
+  -k "not test_build_without_opencv and not test_csv_reader_answers_or_fails_cleanly and not test_image_reader_fails_cleanly_on_garbage" \
+  ${PYTEST_ARGS:-} || rc=$?
 say "tests: $(secs "$t") s, pytest exit $rc"
 [ "$rc" = 0 ] || fail "tests/deploy/test_cpp_runner.py on the ASan/UBSan build (exit $rc)"
 say "OK: total $(secs "$T_ALL") s"

@@ -59,10 +59,10 @@ def build_runner(build_dir: Path, *cmake_args: str, target: str | None = None) -
 FRAME = (80, 96)  # (h, w) of the frame packages' camera frames
 
 
-def start_export(out: Path, device: str = "cpu", cpp_runner: Path | None = None, frame: bool = False,
+def start_export(out: Path, device: str = "cpu", frame: bool = False,
                  model: str | None = None) -> subprocess.Popen:
     cmd = [sys.executable, ROOT / "export" / "export.py", "--preset", "tiny", "--out", out, "--device", device,
-           "--buckets", ",".join(map(str, BUCKETS))] + (["--cpp-runner", cpp_runner] if cpp_runner else []) + \
+           "--buckets", ",".join(map(str, BUCKETS))] + \
           (["--frame-size", f"{FRAME[1]}x{FRAME[0]}", "--frame-format", "bgr8"] if frame else []) + \
           (["--model", model] if model else [])
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -1134,33 +1134,12 @@ def test_image_reader_fails_cleanly_on_garbage(runner, exported, tmp_path, data)
     assert len(err) == 1 and err[0].startswith("depthpack_run: error: ") and "image" in err[0], proc.stderr
 
 
-def test_exporters_cpp_fallback_check_passes_with_the_real_runner(runner, exported):
-    """The exporter's C++ fallback check (where Python cannot load packages) passes with this very
-    runner on this export: fresh inputs per bucket and the chunked reference."""
-    from depthpack.deploy.export import load_for_export
-    from depthpack.deploy.package import cast_model, example_inputs
-    from depthpack.deploy.selfcheck import cpp_check
-
-    model = cast_model(load_for_export(None, "tiny", 0)[0], torch.float32, torch.device("cpu"))
-    g = torch.Generator().manual_seed(11)
-    fresh = {}
-    for k in BUCKETS:
-        images, points = example_inputs(model.cfg, 1, k, "cpu", g)
-        fresh[f"images_k{k}"], fresh[f"points_k{k}"] = images, points
-        with torch.no_grad():
-            fresh[f"depth_k{k}"] = model.forward_packed(images, points, k)
-    report = cpp_check(runner, exported / "manifest.json", fresh, BUCKETS)
-    assert report["ok"], report
-    assert report["reference"]["max_abs_diff"] < 1e-4 and all(b["max_abs_diff"] < 1e-4 for b in report["buckets"].values())
-
-
 # ---- CUDA (the H200 through the device tool) ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda_exported(runner, tmp_path_factory) -> Path:
-    """The tiny preset exported for CUDA; the self-check falls back to this runner where Python's
-    loader crashes (torch 2.11 on the H200)."""
+    """The tiny preset exported for CUDA."""
     out = tmp_path_factory.mktemp("cuda") / "tiny_cuda"
-    return finish_export(start_export(out, device="cuda", cpp_runner=runner), out)
+    return finish_export(start_export(out, device="cuda"), out)
 
 
 @pytest.mark.gpu
@@ -1207,7 +1186,7 @@ def test_cuda_raw_frames(runner, example, cuda_exported, python_depth, tmp_path)
 @pytest.fixture(scope="module")
 def cuda_frames_exported(runner, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cuda") / "tiny_cuda_frames"
-    return finish_export(start_export(out, device="cuda", cpp_runner=runner, frame=True), out)
+    return finish_export(start_export(out, device="cuda", frame=True), out)
 
 
 @pytest.mark.gpu
