@@ -70,7 +70,7 @@ for run in "${names[@]}"; do
   t=$(date +%s)
   size=$(size_of "$run")
   timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries $QUERIES --paths packed dense \
-    --anchors on --curve --context-diagnostic --max-images 256 --batch-size 16 --figure-images 1 --no-progress \
+    --anchors on --curve --context-diagnostic 256 --max-images 256 --batch-size 16 --figure-images 1 --no-progress \
     ${size:+--image-size "$HW"} --out "$WORK/$run/eval" > "$WORK/eval_$run.log" 2>&1
   echo "[$run] eval exit $?, $(( $(date +%s) - t )) s" | tee -a "$LOG"
   grep -e '^- q' "$WORK/$run/eval/eval.md" 2>/dev/null | tee -a "$LOG" || tail -3 "$WORK/eval_$run.log" | tee -a "$LOG"

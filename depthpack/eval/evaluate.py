@@ -282,7 +282,7 @@ def selection_shares(model, queries, queried: dict[int, list[float]]) -> list[di
         qs = queried.get(q) or []
         out.append({"queries": q, "bucket_slots": slots, "patches": n, "buffer_share": slots / n,
                     "queried_share": sum(qs) / len(qs) if qs else None,
-                    "tokens_packed": 1 + model.cfg.num_anchors + slots, "tokens_dense": 1 + model.cfg.num_anchors + n})
+                    "tokens_packed": model.cfg.num_prefix + slots, "tokens_dense": model.cfg.num_prefix + n})
     return out
 
 
@@ -530,9 +530,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--image-size", type=parse_frame_size, default=None, metavar="WxH",
                     help="evaluate on images of this size (default: the model's): each is resized to the model's "
                          "size and its points scaled, e.g. a reduced-resolution dense model against full-size ones")
-    ap.add_argument("--context-diagnostic", action="store_true",
-                    help="also where the dense path's query tokens look: attention mass on the prefix, the packed "
-                         "buffer and the patches it leaves out, per block (depthpack.eval.context)")
+    ap.add_argument("--context-diagnostic", type=int, nargs="?", const=256, default=None, metavar="Q",
+                    help="also where the dense path's query tokens look at Q queries (default 256): attention mass on "
+                         "the prefix, the packed buffer and the patches it leaves out, per block (depthpack.eval.context)")
     ap.add_argument("--gap-curve", action="store_true",
                     help="only this: packed vs dense AbsRel for every checkpoint of the run folder --checkpoint, "
                          "against the step (gap.json, gap.png)")
@@ -576,13 +576,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cdir = resolve_checkpoint(a.checkpoint)
     result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc),
                   image_size=list(a.image_size or mc.img_size))
-    if a.context_diagnostic:
-        q = max(a.queries)
+    if a.context_diagnostic is not None:
+        q = a.context_diagnostic
         result["context_diagnostic"] = context_diagnostic(model, ds, q, lambda smp, i: eval_points(smp, q, a.seed, i),
                                                           a.max_images or 32)
     atomic_write_json(out / "eval.json", result, sort_keys=False)
     md = to_markdown(result, f"depthpack accuracy: {cdir}, {dcfg.kind} {a.split}") + extra_markdown(result)
-    if a.context_diagnostic:
+    if a.context_diagnostic is not None:
         md += diagnostic_markdown(result["context_diagnostic"])
     atomic_write_text(out / "eval.md", md)
     pngs = figure(model, ds, s, out) if s.figure_images else []

@@ -134,7 +134,8 @@ def test_context_diagnostic_masses_and_the_gap_curve(run_dir, tmp_path):
     """The attention masses of the query tokens sum to one per block (prefix + buffer + left out), the
     top-norm shares too; the gap curve has one row per checkpoint, with the step from its name."""
     r = main(["--checkpoint", str(run_dir), "--queries", "8", "--max-images", "2", "--figure-images", "0",
-              "--paths", "packed", "--anchors", "on", "--context-diagnostic", "--no-progress", "--out", str(tmp_path / "d")])
+              "--paths", "packed", "--anchors", "on", "--context-diagnostic", "8", "--no-progress", "--out",
+              str(tmp_path / "d")])
     d = r["context_diagnostic"]
     assert d["images"] == 2 and len(d["blocks"]) == 2
     for b in d["blocks"]:
