@@ -174,6 +174,25 @@ def staging_dir(dest: str | Path) -> Path:
     return staged
 
 
+def publish_into(staged: str | Path, dest: str | Path, last: str) -> None:
+    """Fill the folder dest, which cannot itself be swapped (a mount point), with the complete folder
+    staged inside it: each file renamed into place, `last` (the file readers start from) last, then the
+    files of the previous version that the new one lacks removed. A reader sees the old `last` or the new
+    one; files that `last` names are checked by their hash, so a mix is refused, never read."""
+    import shutil
+
+    staged, dest = Path(staged), Path(dest)
+    fsync_dir(staged)
+    names = sorted((p.name for p in staged.iterdir()), key=lambda n: n == last)
+    for name in names:
+        os.replace(staged / name, dest / name)
+    fsync_dir(dest)
+    for p in dest.iterdir():
+        if p.name not in names and p != staged:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    shutil.rmtree(staged, ignore_errors=True)
+
+
 def restore_interrupted_publish(dest: str | Path) -> bool:
     """Where publish_dir had no atomic exchange and was killed between its two renames, dest is missing
     and its previous version waits in `.NAME.old-PID`: put it back (True if it did). Never touches the

@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="with --frame-size: the frames' channel order (bgr8: OpenCV and most drivers)")
     ap.add_argument("--compile-workers", type=int, default=None, metavar="N",
                     help="packages compiled at once, each in its own process (default: one per 4 cores, at most "
-                         "one per bucket; 1: all in this process, which pays Inductor's start-up once)")
+                         "one per bucket)")
     ap.add_argument("--seed", type=int, default=0, help="seed of preset weights, reference and check inputs")
     ap.add_argument("--model", type=_settings, default=None, metavar="K=V,...",
                     help="with --preset: model config overrides, e.g. canonical_focal=48 (a focal input)")

@@ -19,6 +19,7 @@ The folder's contract is depthpack.deploy.contract. Steps (a failure at any step
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -34,7 +35,7 @@ from tqdm import tqdm
 from ..core.checkpoint import load_model
 from ..core.config import PRESETS, ModelConfig, model_config, to_dict
 from ..core.fast import Recipe, fast_recipe
-from ..core.files import atomic_write_json, publish_dir, sha256_file, staging_dir
+from ..core.files import atomic_write_json, publish_dir, publish_into, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
                        REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, WEIGHTS, io_specs, onnx_name, package_name,
@@ -168,17 +169,24 @@ def check_buckets(buckets, cfg: ModelConfig) -> tuple[int, ...]:
 
 
 def check_out_dir(out: Path) -> None:
-    """--out must be new, empty, or a folder an earlier export wrote (it will be replaced whole)."""
+    """--out must be new, empty, or a folder an earlier export wrote (it will be replaced whole), and the
+    export must be able to put its result there: checked now, before minutes of compiling."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file, not a folder")
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
             raise ExportError(f"--out {out} lies under the file {parent}")
+    # the folder the result is staged in: --out itself where it is a mount point (filled in place), else beside it
+    where = out if out.is_dir() and os.path.ismount(out) else next(p for p in out.parents if p.exists())
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ExportError(f"--out {out}: {where} is not writable" + (" (a read-only mount point)" if where == out else ""))
+    if out.is_dir() and where != out and not os.access(out, os.W_OK | os.X_OK):
+        raise ExportError(f"--out {out} is not writable, so it cannot be replaced")
     if not out.is_dir():
         return
     names = {p.name for p in out.iterdir()}
     ours = {MANIFEST, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, WEIGHTS, ".tmp_packages", ".manifest.unchecked.json"}
-    foreign = sorted(n for n in names if n not in ours and not n.startswith(".selfcheck_")
+    foreign = sorted(n for n in names if n not in ours and not n.startswith((".selfcheck_", ".staging-"))
                      and not (n.startswith("depthpack_k") and n.endswith((".pt2", ".onnx"))))
     if foreign and MANIFEST not in names:
         raise ExportError(f"--out {out} holds files that are not a depthpack export ({', '.join(foreign[:5])}); "
@@ -274,10 +282,21 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
     if opts.reuse_packages:  # refused now, before anything is built, when the packages do not fit
         reused = reusable_packages(Path(opts.reuse_packages), build_manifest(model.cfg, preset, opts, device, buckets,
                                                                              [], {}, []))
-    staged = staging_dir(out)
+    inplace = out.is_dir() and os.path.ismount(out)  # a mount point cannot be swapped: filled in place
+    staged = out / f".staging-{os.getpid()}" if inplace else staging_dir(out)
+    staged.mkdir(exist_ok=True)
     try:
         summary = _build(model, opts, preset, device, buckets, onnx_buckets, staged, log, reused)
-        publish_dir(staged, out)
+        publish_into(staged, out, MANIFEST) if inplace else publish_dir(staged, out)
+    except Exception as e:
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        free = shutil.disk_usage(staged).free if staged.exists() else None
+        shutil.rmtree(staged, ignore_errors=True)
+        if full or (not isinstance(e, ValueError) and free is not None and free < 64 << 20):
+            raise ExportError(f"no space left on the device under {staged.parent} ({(free or 0) >> 20} MiB free): "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; the previous export "
+                              f"(if any) is untouched") from None
+        raise
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -356,8 +375,10 @@ def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g
         times["compile_s"][job["bucket"]] = round(seconds, 2)
         log(f"bucket {job['bucket']}: AOTInductor compile {seconds:.1f} s -> {job['path'].name}")
         bar.update(1)
-    compile_packages(jobs, workers, done)
-    bar.close()
+    try:
+        compile_packages(jobs, workers, done)
+    finally:
+        bar.close()
     for e in entries:
         e["sha256"] = sha256_file(out / e["file"])
     return [{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries]

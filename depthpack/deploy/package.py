@@ -146,19 +146,11 @@ def compile_package(ep: torch.export.ExportedProgram, path: Path, inductor_confi
 
 
 def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
-    """Compile several exported programs into packages: jobs of compile_package's arguments ("ep",
-    "path", "inductor_configs", "metadata"). With workers > 1 they compile in that many spawned processes
-    at once (each program saved with torch.export.save and loaded there): AOTInductor's C++ compile of
-    one package uses one core. on_done(job, seconds) as each finishes."""
-    import time
-
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            t0 = time.perf_counter()
-            compile_package(job["ep"], job["path"], job.get("inductor_configs"), job.get("metadata"))
-            if on_done:
-                on_done(job, time.perf_counter() - t0)
-        return
+    """Compile several exported programs into packages: jobs of compile_package's arguments ("ep", "path",
+    "inductor_configs", "metadata"), in `workers` spawned processes at once (each program saved with
+    torch.export.save and loaded there; AOTInductor's C++ compile of one package uses one core). A child
+    that fails or dies (a full disk aborts the process that writes the package) is one ExportError naming
+    the bucket, and this process lives on. on_done(job, seconds) as each finishes."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -168,16 +160,46 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
             ep_file = Path(tmp) / f"program_{i}.pt2"
             torch.export.save(job["ep"], str(ep_file))
             args.append({**{k: v for k, v in job.items() if k != "ep"}, "ep_file": str(ep_file)})
-        with cf.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+        log = Path(tmp) / "compile.log"  # the children's own output: a dying one prints a C++ stack there, not here
+        with cf.ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("spawn"),
+                                    initializer=_quiet, initargs=(str(log),)) as pool:
             futures = {pool.submit(_compile_saved, a): job for a, job in zip(args, jobs)}
             for fut in cf.as_completed(futures):
-                seconds = fut.result()
+                job = futures[fut]
+                try:
+                    seconds = fut.result()
+                except Exception as e:  # noqa: BLE001  (the child's error or its death, said in one line)
+                    raise ExportError(f"AOTInductor compile of {job['path'].name} failed: {_why(e, job['path'])}") from None
                 if on_done:
-                    on_done(futures[fut], seconds)
+                    on_done(job, seconds)
+
+
+def _why(e: BaseException, path: Path) -> str:
+    """What went wrong in a compile child, in words: a full disk where that is what it was."""
+    import errno
+    import shutil
+
+    free = shutil.disk_usage(path.parent).free if path.parent.exists() else None
+    text = f"{type(e).__name__}: {e}".strip().splitlines()[0][:300]
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (free is not None and free < 64 << 20):
+        return f"no space left on the device under {path.parent} ({(free or 0) >> 20} MiB free); {text}"
+    return text
+
+
+def _quiet(log: str) -> None:
+    """A compile child writes its output (progress, warnings, a dying C++ runtime's stack) to log."""
+    import sys
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(fd, 1), os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _compile_saved(job: dict) -> float:
     import time
+
+    from ..kernels import vit_block  # noqa: F401  (registers the depthpack ops a program may call)
 
     t0 = time.perf_counter()
     compile_package(torch.export.load(job["ep_file"]), Path(job["path"]), job.get("inductor_configs"), job.get("metadata"))

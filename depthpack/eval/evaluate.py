@@ -496,7 +496,7 @@ def gap_main(a, out: Path, dataset_for, device: str) -> dict[str, Any]:
     return {"curve": curve}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = cli.Parser(
         prog="python -m depthpack.eval", description=__doc__, name="eval",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -552,6 +552,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   ("--edge-frac", a.edge_frac, 0.0 <= a.edge_frac <= 1.0, "in [0, 1]")):
         if not ok:
             ap.error(f"{flag} {value}: must be {need}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
     torch.manual_seed(a.seed)
     device = resolve_device(a.device)
     given = Path(a.checkpoint)
