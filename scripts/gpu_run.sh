@@ -50,7 +50,7 @@ runner() {  # wait for the build once; export DEPTHPACK_RUN when it worked
 if has tests; then
   runner
   step "pytest -m gpu"
-  timeout "${TEST_S:-330}" $PY -m pytest -m gpu tests -q -rfEs -p no:cacheprovider --tb=short -n "${XDIST:-8}" \
+  timeout "${TEST_S:-330}" $PY -m pytest -m gpu ${TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider --tb=short -n "${XDIST:-8}" \
     --dist load --durations=15 --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG"
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$W/logs/gpu_tests.log" | tail -30 | tee -a "$LOG"
@@ -59,11 +59,12 @@ fi
 if has bench; then
   step "benchmark: vits bf16, B1 Q256 and B8 Q512"
   timeout "${BENCH_S:-240}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
-    --rows fast,fast@frames,masked-graph,dense-graph,packed-graph,packed-compile+graph,+count-selection,+gelu-epilogue,+combo-kernels,+hybrid-blocks \
+    --rows ${BENCH_ROWS:-fast,fast@frames,masked-graph,dense-graph,packed-graph,packed-compile+graph,+count-selection,+gelu-epilogue,+combo-kernels,+hybrid-blocks} \
     --seconds 0.3 --repeats 3 --cache-dir "$CACHE" --out "$W/bench" >"$W/logs/bench.log" 2>&1
   echo "bench exit $?" | tee -a "$LOG"
   grep -E "^\| vits|^\| point|^\| .* B[0-9]+ Q|failed" "$W/bench/bench.md" 2>/dev/null | cut -c1-240 | tee -a "$LOG"
-  step "benchmark: B16 Q256 (the trend)"
+  [ "${BENCH16:-1}" = 1 ] && step "benchmark: B16 Q256 (the trend)"
+  [ "${BENCH16:-1}" = 1 ] && 
   timeout "${BENCH16_S:-90}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 16x256 --rows fast,masked-graph \
     --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/bench16" >"$W/logs/bench16.log" 2>&1
   echo "bench16 exit $?" | tee -a "$LOG"

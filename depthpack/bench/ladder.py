@@ -223,10 +223,10 @@ class Rows:
         self.keep: list = []  # every graph of the shared pool stays alive
 
     def predictor(self, row: Row) -> Predictor:
-        key = (row.recipe, row.input)
+        recipe = row.recipe or fast_recipe(self.device, self.B)  # the default's recipe: one compile with its twin row
+        key = (recipe, row.input)
         if key not in self.preds:
-            self.preds[key] = Predictor(self.model, device=self.device, dtype=self.dtype,
-                                        fast=True if row.recipe is None else row.recipe, batch_size=self.B,
+            self.preds[key] = Predictor(self.model, device=self.device, dtype=self.dtype, fast=recipe, batch_size=self.B,
                                         validate=row.input == "frames", cache_dir=self.args.cache_dir, color="bgr")
         return self.preds[key]
 
