@@ -178,107 +178,144 @@ def output_format(src_fmt: str, out: Path, storage: str | None) -> str:
     return storage or src_fmt
 
 
-def run_bag(bag, out, predictor, image_topic: str, points="grid:16x12", depth_topic: str | None = None,
-            info_topic: str | None = None, tol_ms: float = 10.0, answer_topic: str = ANSWER_TOPIC,
-            storage: str | None = None, max_frames: int | None = None, progress: bool = True,
-            depth_range: tuple[float, float] | None = None) -> dict:
-    """Run predictor (a depthpack.Predictor) on every colour frame of bag; write OUT, OUT.csv and
-    OUT.json (see the module docstring); return the report. points: 'grid:CxR', a file, or [Q,2]."""
-    from tqdm import tqdm
+class _Pass:
+    """One pass of run_bag over a bag, in log-time order: which colour frames it answers (the first n)
+    and which depth message scores each; the answers and depths that wait for their partner (either may
+    come first); and what it measures (accuracy at the points, per-call latency, decode time)."""
 
-    bag, out = Path(bag), Path(out)
-    spec = parse_points(points) if isinstance(points, str) else (points if isinstance(points, tuple)
-                                                                  else np.asarray(points, np.float32))
-    fmt = output_format(bag_format(bag), out, storage)
-    if out.resolve() == bag.resolve():
-        raise ValueError(f"--out {out} is the input bag")
-    idx = index_bag(bag, BagTopics(image_topic, None, info_topic), tol_ms, need_depth=False)  # every colour frame
-    by_color = {ct: k for k, (ct, _, _) in enumerate(idx.frames)}
-    paired = index_bag(bag, BagTopics(image_topic, depth_topic, idx.topics.info), tol_ms) if depth_topic else idx
-    depth_of = {ct: dt for ct, dt, _ in paired.frames if dt is not None}  # the depth that scores each frame
-    wanted_depth = {dt: by_color[ct] for ct, dt in depth_of.items()}
-    n = min(len(idx.frames), max_frames or len(idx.frames))
-    csv_path, json_path = out.with_name(out.name + ".csv"), out.with_name(out.name + ".json")
-    csv_tmp = temporary_name(csv_path)
-    acc, lat, dec, first, n_valid = MetricAccumulator(), [], [], None, 0
-    pending_pred: dict[int, tuple] = {}  # frame -> (points, pred) waiting for its depth
-    pending_depth: dict[int, np.ndarray] = {}  # frame -> depth waiting for its colour frame
-    sync = torch.cuda.synchronize if predictor.device.type == "cuda" else (lambda: None)
-    done = 0
-    t_start = time.perf_counter()
+    def __init__(self, bag: Path, predictor, spec, image_topic: str, depth_topic: str | None,
+                 info_topic: str | None, tol_ms: float, max_frames: int | None, depth_range):
+        self.idx = index_bag(bag, BagTopics(image_topic, None, info_topic), tol_ms, need_depth=False)  # every colour frame
+        self.paired = (index_bag(bag, BagTopics(image_topic, depth_topic, self.idx.topics.info), tol_ms)
+                       if depth_topic else self.idx)
+        self.by_color = {ct: k for k, (ct, _, _) in enumerate(self.idx.frames)}
+        self.depth_of = {ct: dt for ct, dt, _ in self.paired.frames if dt is not None}  # the depth that scores each frame
+        self.wanted_depth = {dt: self.by_color[ct] for ct, dt in self.depth_of.items()}
+        self.n = min(len(self.idx.frames), max_frames or len(self.idx.frames))
+        self.predictor, self.spec, self.depth_range = predictor, spec, depth_range
+        self.image_topic, self.depth_topic = image_topic, depth_topic
+        self.acc, self.lat, self.dec, self.first, self.n_valid, self.done = MetricAccumulator(), [], [], None, 0, 0
+        self.pending_pred: dict[int, tuple] = {}  # frame -> (points, pred, (h, w)) waiting for its depth
+        self.pending_depth: dict[int, np.ndarray] = {}  # frame -> depth waiting for its colour frame
+        self.rows_of: dict[int, list] = {}  # frame -> its CSV rows, written once scored
+        self.sync = torch.cuda.synchronize if predictor.device.type == "cuda" else (lambda: None)
 
-    def score(k: int, pts: np.ndarray, pred: np.ndarray, hw: tuple, depth: np.ndarray, rows: list) -> None:
-        nonlocal n_valid
-        check_frame(hw, depth.shape, idx.cameras[k], idx)
+    def on_depth(self, r, c, t: int, raw, csv) -> None:
+        """A depth message: decode it if it scores an answered frame; score now or keep it for its frame."""
+        if t not in self.wanted_depth or self.wanted_depth[t] >= self.n:
+            return
+        k = self.wanted_depth.pop(t)
+        d = decode_depth(r.deserialize(raw, c.msgtype), c.msgtype, self.depth_topic)
+        if k in self.pending_pred:
+            rows = self.rows_of.pop(k)
+            self.score(k, *self.pending_pred.pop(k), d, rows)
+            csv.writelines(",".join(row) + "\n" for row in rows)
+        else:
+            self.pending_depth[k] = d
+
+    def on_colour(self, r, c, t: int, raw, w, answer, csv) -> bool:
+        """A colour message: if it is a frame to answer, predict, write its answer and (once scored) its
+        CSV rows; True when it was one."""
+        if t not in self.by_color or self.by_color[t] >= self.n:
+            return False
+        k = self.by_color.pop(t)
+        t0 = time.perf_counter()
+        msg = r.deserialize(raw, c.msgtype)
+        rgb = decode_color(msg, c.msgtype, self.image_topic)
+        self.dec.append(time.perf_counter() - t0)
+        cam = self.idx.cameras[k]
+        h, wd = rgb.shape[:2]
+        check_frame((h, wd), None, cam, self.idx)
+        pts = points_for(self.spec, wd, h)
+        pred = self.predict(rgb, pts, math.sqrt(cam.fx * cam.fy) if cam else None)
+        xyz = backproject(pts, pred, cam)
+        stamp = self.idx.frames[k][2]
+        w.write(answer, t, w.point_cloud(dict(u=pts[:, 0], v=pts[:, 1], depth=pred, x=xyz[:, 0], y=xyz[:, 1],
+                                              z=xyz[:, 2]), stamp, msg.header.frame_id))
+        rows = [[str(k), str(stamp), f"{u:.6g}", f"{v:.6g}", f"{p:.6g}", f"{x:.6g}", f"{y:.6g}", f"{z:.6g}", ""]
+                for (u, v), p, (x, y, z) in zip(pts.tolist(), pred.tolist(), xyz.tolist())]
+        if k in self.pending_depth:
+            self.score(k, pts, pred, (h, wd), self.pending_depth.pop(k), rows)
+        elif t in self.depth_of:
+            self.pending_pred[k], self.rows_of[k] = (pts, pred, (h, wd)), rows
+        if k not in self.rows_of:
+            csv.writelines(",".join(row) + "\n" for row in rows)
+        self.done += 1
+        return True
+
+    def predict(self, rgb: np.ndarray, pts: np.ndarray, focal: float | None) -> np.ndarray:
+        """One predict call plus its device sync, timed (the first call apart); the depths [Q] on the host."""
+        t0 = time.perf_counter()
+        pred = self.predictor.predict(rgb, pts, focal=focal)
+        self.sync()
+        dt_ms = (time.perf_counter() - t0) * 1e3
+        if self.first is None:
+            self.first = dt_ms
+        else:
+            self.lat.append(dt_ms)
+        return pred.detach().float().cpu().numpy().reshape(-1)
+
+    def score(self, k: int, pts: np.ndarray, pred: np.ndarray, hw: tuple, depth: np.ndarray, rows: list) -> None:
+        """Frame k's answers against the bag's depth at the points: the gt column of its rows, and the
+        accuracy where the depth is valid (and inside depth_range)."""
+        check_frame(hw, depth.shape, self.idx.cameras[k], self.idx)
         gt = depth[pts[:, 1].astype(np.int64), pts[:, 0].astype(np.int64)]
         ok = gt > 0
-        if depth_range:
-            ok &= (gt >= depth_range[0]) & (gt <= depth_range[1])
+        if self.depth_range:
+            ok &= (gt >= self.depth_range[0]) & (gt <= self.depth_range[1])
         for row, g in zip(rows, gt.tolist()):
             row[-1] = f"{g:.6g}" if g > 0 else ""
         if ok.any():
-            acc.update(torch.from_numpy(pred[ok]), torch.from_numpy(gt[ok]))
-            n_valid += int(ok.sum())
+            self.acc.update(torch.from_numpy(pred[ok]), torch.from_numpy(gt[ok]))
+            self.n_valid += int(ok.sum())
 
-    rows_of: dict[int, list] = {}
+    def flush_unscored(self, csv) -> None:
+        """The rows of frames whose depth never came (it lies past max_frames)."""
+        for k, rows in sorted(self.rows_of.items()):
+            csv.writelines(",".join(row) + "\n" for row in rows)
+
+    def report(self, bag: Path, out: Path, csv_path: Path, fmt: str, answer_topic: str, wall: float) -> dict:
+        lat, dec, spec = self.lat, self.dec, self.spec
+        report = dict(bag=str(bag), out=str(out), csv=str(csv_path), format=fmt, answer_topic=answer_topic,
+                      answer_message="sensor_msgs/PointCloud2 (u, v, depth, x, y, z float32)", frames=self.done,
+                      points_per_frame=int(len(points_for(spec, 64, 64)) if isinstance(spec, tuple) else len(spec)),  # a grid: C x R at any size
+                      pairing=self.paired.summary(), predictor=self.predictor.describe(), device=str(self.predictor.device),
+                      latency_ms=dict(first_call_ms=round(self.first, 3) if self.first is not None else None,
+                                      **({k: round(v, 3) if isinstance(v, float) else v for k, v in summarize(lat).items()}
+                                         if lat else {"calls": 0})),
+                      decode_ms_median=round(1e3 * float(np.median(dec)), 3) if dec else None,
+                      decode_frames_per_s=round(len(dec) / sum(dec), 1) if dec and sum(dec) > 0 else None,
+                      run_frames_per_s=round(self.done / wall, 2) if wall > 0 else None, wall_s=round(wall, 2))
+        if self.acc.images:
+            m = self.acc.compute()
+            report["accuracy"] = dict(abs_rel=round(m["abs_rel"], 5), d1=round(m["d1"], 5), frames=self.acc.images,
+                                      points=self.n_valid)
+        return report
+
+
+def _copy_and_answer(bag: Path, out: Path, fmt: str, p: _Pass, answer_topic: str, csv_path: Path, progress: bool) -> None:
+    """Copy every message of bag into OUT, the answers added, and write OUT.csv; both under temporary
+    names renamed into place at the end (the CSV's temporary removed on any failure)."""
+    from tqdm import tqdm
+
+    csv_tmp = temporary_name(csv_path)
     try:
         with BagReader(bag) as r, BagWriter(out, fmt) as w, open(csv_tmp, "w") as csv:
             if answer_topic in r.topics:
                 raise ValueError(f"--answer-topic {answer_topic} is already in the input bag; choose another")
             conns = {c.id: w.add(c.topic, c.msgtype, like=c) for c in r.reader.connections}
             answer = w.add(answer_topic, POINTCLOUD2)
-            color_ids = {c.id for c in r.topics[image_topic]}
-            depth_ids = {c.id for c in r.topics[depth_topic]} if depth_topic else set()
+            color_ids = {c.id for c in r.topics[p.image_topic]}
+            depth_ids = {c.id for c in r.topics[p.depth_topic]} if p.depth_topic else set()
             csv.write(CSV_HEADER)
-            bar = tqdm(total=n, desc="depthpack.bag run", disable=not progress, dynamic_ncols=True)
+            bar = tqdm(total=p.n, desc="depthpack.bag run", disable=not progress, dynamic_ncols=True)
             for c, t, raw in r.messages():
                 w.write(conns[c.id], t, raw)
-                if c.id in depth_ids and t in wanted_depth and wanted_depth[t] < n:
-                    k = wanted_depth.pop(t)
-                    d = decode_depth(r.deserialize(raw, c.msgtype), c.msgtype, depth_topic)
-                    if k in pending_pred:
-                        rows = rows_of.pop(k)
-                        score(k, *pending_pred.pop(k), d, rows)
-                        csv.writelines(",".join(row) + "\n" for row in rows)
-                    else:
-                        pending_depth[k] = d
-                if c.id not in color_ids or t not in by_color or by_color[t] >= n:
-                    continue
-                k = by_color.pop(t)
-                t0 = time.perf_counter()
-                msg = r.deserialize(raw, c.msgtype)
-                rgb = decode_color(msg, c.msgtype, image_topic)
-                dec.append(time.perf_counter() - t0)
-                cam = idx.cameras[k]
-                h, wd = rgb.shape[:2]
-                check_frame((h, wd), None, cam, idx)
-                pts = points_for(spec, wd, h)
-                focal = math.sqrt(cam.fx * cam.fy) if cam else None
-                t0 = time.perf_counter()
-                pred = predictor.predict(rgb, pts, focal=focal)
-                sync()
-                dt_ms = (time.perf_counter() - t0) * 1e3
-                if first is None:
-                    first = dt_ms
-                else:
-                    lat.append(dt_ms)
-                pred = pred.detach().float().cpu().numpy().reshape(-1)
-                xyz = backproject(pts, pred, cam)
-                stamp = idx.frames[k][2]
-                w.write(answer, t, w.point_cloud(dict(u=pts[:, 0], v=pts[:, 1], depth=pred, x=xyz[:, 0], y=xyz[:, 1],
-                                                      z=xyz[:, 2]), stamp, msg.header.frame_id))
-                rows = [[str(k), str(stamp), f"{u:.6g}", f"{v:.6g}", f"{p:.6g}", f"{x:.6g}", f"{y:.6g}", f"{z:.6g}", ""]
-                        for (u, v), p, (x, y, z) in zip(pts.tolist(), pred.tolist(), xyz.tolist())]
-                if k in pending_depth:
-                    score(k, pts, pred, (h, wd), pending_depth.pop(k), rows)
-                elif t in depth_of:
-                    pending_pred[k], rows_of[k] = (pts, pred, (h, wd)), rows
-                if k not in rows_of:
-                    csv.writelines(",".join(row) + "\n" for row in rows)
-                done += 1
-                bar.update(1)
-            for k, rows in sorted(rows_of.items()):  # frames whose depth never came (past max_frames)
-                csv.writelines(",".join(row) + "\n" for row in rows)
+                if c.id in depth_ids:
+                    p.on_depth(r, c, t, raw, csv)
+                if c.id in color_ids and p.on_colour(r, c, t, raw, w, answer, csv):
+                    bar.update(1)
+            p.flush_unscored(csv)
             bar.close()
             csv.flush()
             os.fsync(csv.fileno())
@@ -286,21 +323,25 @@ def run_bag(bag, out, predictor, image_topic: str, points="grid:16x12", depth_to
     except BaseException:
         csv_tmp.unlink(missing_ok=True)
         raise
-    wall = time.perf_counter() - t_start
-    report = dict(bag=str(bag), out=str(out), csv=str(csv_path), format=fmt, answer_topic=answer_topic,
-                  answer_message="sensor_msgs/PointCloud2 (u, v, depth, x, y, z float32)", frames=done,
-                  points_per_frame=int(len(points_for(spec, 64, 64)) if isinstance(spec, tuple) else len(spec)),  # a grid: C x R at any size
-                  pairing=paired.summary(), predictor=predictor.describe(), device=str(predictor.device),
-                  latency_ms=dict(first_call_ms=round(first, 3) if first is not None else None,
-                                  **({k: round(v, 3) if isinstance(v, float) else v for k, v in summarize(lat).items()}
-                                     if lat else {"calls": 0})),
-                  decode_ms_median=round(1e3 * float(np.median(dec)), 3) if dec else None,
-                  decode_frames_per_s=round(len(dec) / sum(dec), 1) if dec and sum(dec) > 0 else None,
-                  run_frames_per_s=round(done / wall, 2) if wall > 0 else None, wall_s=round(wall, 2))
-    if acc.images:
-        m = acc.compute()
-        report["accuracy"] = dict(abs_rel=round(m["abs_rel"], 5), d1=round(m["d1"], 5), frames=acc.images,
-                                  points=n_valid)
+
+
+def run_bag(bag, out, predictor, image_topic: str, points="grid:16x12", depth_topic: str | None = None,
+            info_topic: str | None = None, tol_ms: float = 10.0, answer_topic: str = ANSWER_TOPIC,
+            storage: str | None = None, max_frames: int | None = None, progress: bool = True,
+            depth_range: tuple[float, float] | None = None) -> dict:
+    """Run predictor (a depthpack.Predictor) on every colour frame of bag; write OUT, OUT.csv and
+    OUT.json (see the module docstring); return the report. points: 'grid:CxR', a file, or [Q,2]."""
+    bag, out = Path(bag), Path(out)
+    spec = parse_points(points) if isinstance(points, str) else (points if isinstance(points, tuple)
+                                                                  else np.asarray(points, np.float32))
+    fmt = output_format(bag_format(bag), out, storage)
+    if out.resolve() == bag.resolve():
+        raise ValueError(f"--out {out} is the input bag")
+    p = _Pass(bag, predictor, spec, image_topic, depth_topic, info_topic, tol_ms, max_frames, depth_range)
+    csv_path, json_path = out.with_name(out.name + ".csv"), out.with_name(out.name + ".json")
+    t_start = time.perf_counter()
+    _copy_and_answer(bag, out, fmt, p, answer_topic, csv_path, progress)
+    report = p.report(bag, out, csv_path, fmt, answer_topic, time.perf_counter() - t_start)
     atomic_write_json(json_path, report, sort_keys=False)
     return report
 
