@@ -33,7 +33,7 @@ test-fast: $(STAMP)
 # The demo runs on a python that already holds every runtime dependency (a GPU machine's own torch,
 # say, where nothing can be installed), else on .venv, made as for the tests. The modules are found,
 # not imported: importing them took seconds on every make, the demo's included.
-RUNTIME_MODULES := torch torchvision timm numpy cv2 yaml safetensors tqdm h5py matplotlib
+RUNTIME_MODULES := torch torchvision timm numpy cv2 yaml safetensors tqdm h5py matplotlib rosbags
 RUNTIME_PY := $(shell $(PY) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" $(RUNTIME_MODULES) >/dev/null 2>&1 && echo $(PY))
 ifneq ($(RUNTIME_PY),)
 demo:

@@ -3,11 +3,14 @@
     1. render synthetic scenes and train configs/demo.yaml          (train/train.py)
     2. accuracy of the packed, masked and dense paths, held-out      (python -m depthpack.eval)
     3. latency of masked vs packed (CPU rows; GPU rows on a GPU)     (python -m depthpack.bench)
-    4. export .pt2 packages + ONNX, build the C++ runner, check it   (export/export.py, deploy_cpp/)
+    4. a robot's recording: a camera moving through held-out scenes  (python -m depthpack.bag run)
+       (colour, depth, CameraInfo) as a ROS 2 MCAP bag, the trained model over every frame:
+       accuracy at the queried points and per-frame latency
+    5. export .pt2 packages + ONNX, build the C++ runner, check it   (export/export.py, deploy_cpp/)
        (on a GPU the packages compile from the start, from the untrained model, in the background at
        low priority: they hold code, not weights, and the export after training gives them the
        trained weights: --reuse-packages)
-    5. runs/demo/report.md with the tables, the figures and how long each step took
+    6. runs/demo/report.md with the tables, the figures and how long each step took
 
 Each step runs the same command a user would type, as a child process whose output is shown and
 kept in OUT/logs/STEP.log; a failing step stops the demo with one line naming the step and its log.
@@ -28,12 +31,21 @@ from pathlib import Path
 
 import torch
 
+from .core import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 # On a GPU the CPU recipe's data path (samples drawn on the host) leaves the GPU waiting: the same
 # steps, batch and learning rate, with the scenes rendered once by every core into a store and held on
 # the GPU, batches and query points made there (depthpack.train.device_data). Its accuracy is the CPU
 # recipe's; its step costs the GPU's launches, not the host's sampling. {out}: the demo's folder.
 GPU_RECIPE = ["threads=0", "graph=true", "data.cache_dir={out}/scenes", "data.device_cache=true", "ckpt_every=2300", "eval_every=0"]
+
+
+STEPS = ("train", "eval", "export", "cpp", "bench", "bag")
+# The bag step's recording: short, so a CPU runs it in seconds; frames at 4x the model's size, as a camera's
+# frames are larger than the model's input; the query points a grid at the cells' centres.
+BAG_FRAMES = 24
+BAG_POINTS = "grid:16x12"
 
 
 class StepFailed(RuntimeError):
@@ -115,8 +127,8 @@ def last_json(log: Path) -> dict:
 
 def untrained_checkpoint(config: str, out: Path) -> Path:
     """The recipe's model, untrained (seeded), as a checkpoint in out: what the GPU demo compiles into
-    packages while training runs, and scripts/gpu_export_timing.sh times (the packages hold code, which
-    depends on the model's shapes, not its weights)."""
+    packages while training runs (the packages hold code, which depends on the model's shapes, not its
+    weights; a package's compile is 70-150 s on the H200, docs/performance.md)."""
     from .core.checkpoint import save_checkpoint
     from .core.config import to_dict
     from .core.model import DepthPack
@@ -150,6 +162,28 @@ def bench(ckpt: Path, out: Path, logs: Path, device: str, beside_background: boo
     else:
         cmd += ["--queries", "16,64,256"]
     return run_step("bench", cmd, logs, env={"OMP_NUM_THREADS": str(FOREGROUND_CORES)} if beside_background else None)
+
+
+def recording(ckpt: Path, out: Path, logs: Path, device: str, frames: int, times: dict[str, float],
+              beside_background: bool = False) -> dict:
+    """The robot's workflow: a recording of a camera moving through held-out synthetic scenes (JPEG colour,
+    depth and CameraInfo at 4x the model's size, written as a ROS 2 MCAP bag), then `python -m
+    depthpack.bag run` over it with the trained checkpoint. Returns the run's report (OUT.json: accuracy at
+    the queried points against the bag's depth, per-frame latency, decode rate), {} where none was written."""
+    from .bag import demo_recording
+    from .core.checkpoint import stored_config
+
+    rec, answered = out / "recording", out / "recording_depth"
+    h, w = (4 * int(v) for v in stored_config(ckpt)["model"]["img_size"])
+    t0 = time.perf_counter()
+    made = demo_recording(rec, frames=frames, size=(h, w))
+    times[f"recording ({frames} frames of {w}x{h}: colour, depth, CameraInfo as a ROS 2 MCAP bag)"] = time.perf_counter() - t0
+    cmd = [sys.executable, "-m", "depthpack.bag", "run", str(rec), "--image-topic", made["image_topic"], "--depth-topic",
+           made["depth_topic"], "--points", BAG_POINTS, "--checkpoint", str(ckpt), "--out", str(answered), "--device", device]
+    env = {"OMP_NUM_THREADS": str(FOREGROUND_CORES)} if beside_background else None
+    times["bag run (the trained model on every frame of the recording)"] = run_step("bag", cmd, logs, env=env)
+    report = answered.with_name(answered.name + ".json")
+    return json.loads(report.read_text()) if report.is_file() else {}
 
 
 def configure_runner(build_dir: Path, logs: Path) -> tuple[list[str], float]:
@@ -186,6 +220,32 @@ def selection_png(ckpt: Path, out: Path) -> Path:
     return selection_figure(out / "selection.png", model, sample["image"], pts)
 
 
+def bag_section(r: dict | None, out: Path) -> list[str]:
+    """The report's section on the recording: accuracy, per-frame latency, decode rate and the outputs."""
+    if not r:
+        return []
+    lat, acc, pairing = r["latency_ms"], r.get("accuracy") or {}, r["pairing"]
+
+    def num(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+    bag, csv = Path(r["out"]), Path(r["csv"])
+    return ["## A robot's recording: `python -m depthpack.bag run`", "",
+            f"{r['frames']} frames of a camera moving through held-out synthetic scenes (`{rel_to(Path(r['bag']), out)}`: "
+            f"JPEG colour, 16UC1 depth, CameraInfo; {pairing['paired']} colour-depth pairs), {r['points_per_frame']} "
+            f"query points a frame, the trained model on `{r['device']}`.", "",
+            "| AbsRel | delta1 | points scored | latency median ms | p90 ms | first call ms | decode frames/s | run frames/s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| {num(acc.get('abs_rel'), '.4f')} | {num(acc.get('d1'), '.4f')} | {acc.get('points', 0)} | "
+            f"{num(lat.get('median_ms'), '.1f')} | {num(lat.get('p90_ms'), '.1f')} | {num(lat.get('first_call_ms'), '.1f')} | "
+            f"{num(r.get('decode_frames_per_s'), '.1f')} | {num(r.get('run_frames_per_s'), '.2f')} |", "",
+            "Accuracy at the queried points against the bag's depth (valid and inside the model's range), per frame "
+            "then averaged; latency of one predict call plus its device sync (the first call apart); decode: the "
+            "colour frames, one core.",
+            f"Outputs: the bag with the answers on `{r['answer_topic']}` (PointCloud2) `{rel_to(bag, out)}`, the CSV "
+            f"`{rel_to(csv, out)}`, the report `{rel_to(bag.with_name(bag.name + '.json'), out)}`.", ""]
+
+
 def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
     lines = ["# depthpack demo report", "",
              f"Machine: {info['machine']}. torch {torch.__version__}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "",
@@ -208,94 +268,122 @@ def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
     if bench_md:
         lines += ["## Latency: masked vs packed", ""] + [p.read_text().strip() for p in bench_md] + [""]
         lines += [f"![latency]({rel_to(p, out)})" for p in sorted((out / "bench").glob("*.png"))] + [""]
+    lines += bag_section(info.get("bag"), out)
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def main(argv: list[str] | None = None) -> Path:
-    ap = argparse.ArgumentParser(prog="python -m depthpack.demo", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = cli.Parser(prog="python -m depthpack.demo", name="demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/demo", help="output folder (report.md lands here)")
     ap.add_argument("--config", default="configs/demo.yaml")
-    ap.add_argument("--skip", nargs="*", default=[], choices=("train", "eval", "export", "cpp", "bench"),
+    ap.add_argument("--skip", nargs="*", default=[], choices=STEPS,
                     help="steps to skip (their earlier outputs are reused where present)")
+    ap.add_argument("--bag-frames", type=int, default=BAG_FRAMES, help="frames of the bag step's recording")
     a = ap.parse_args(argv)
+    if a.bag_frames < 1:
+        ap.error(f"--bag-frames {a.bag_frames}: must be >= 1")
+    return a
+
+
+def train_command(config: str, ckpt: Path, out: Path, out_arg: str, cuda: bool) -> tuple[list[str], str]:
+    """The train step's command (resuming), and the recipe line of the report: on a GPU the GPU recipe."""
+    cmd = [sys.executable, "train/train.py", "--config", config, f"out_dir={ckpt}", "resume=true"]
+    if not cuda:
+        return cmd, f"`{config}`"
+    return cmd + [r.format(out=out) for r in GPU_RECIPE], f"`{config}` with the GPU recipe `{' '.join(GPU_RECIPE).format(out=out_arg)}`"
+
+
+def compile_packages_early(config: str, out: Path, logs: Path, device: str) -> Background:
+    """The packages' code, compiled from the untrained model while training, evaluation and the benchmark
+    run (no ONNX: that holds weights); the export after them reuses the packages with the trained weights."""
+    untrained = untrained_checkpoint(config, out / "untrained")
+    return Background("compile_packages", [sys.executable, "export/export.py", "--checkpoint", str(untrained), "--out",
+                                           str(out / "export_untrained"), "--device", device], logs)
+
+
+def start_runner_build(out: Path, logs: Path, cuda: bool, times: dict[str, float]) -> tuple[Background | None, Path | None]:
+    """Configure the C++ runner, then build it: in the background on a GPU machine; on a CPU now (with two
+    cores a build beside them would slow every measured step). Returns (the background build, the binary)."""
+    build_cmd, times["C++ runner configure"] = configure_runner(out / "cpp_build", logs)
+    if cuda:
+        return Background("cpp_build", build_cmd, logs), None
+    times["C++ runner build"] = run_step("cpp_build", build_cmd, logs)
+    return None, runner_binary(out / "cpp_build", logs)
+
+
+def export(ckpt: Path, out: Path, logs: Path, device: str, reuse: bool, times: dict[str, float], info: dict) -> None:
+    """The trained checkpoint as .pt2 packages, ONNX and a manifest, self-checked (reuse: the packages
+    compiled early from the untrained model, given the trained weights)."""
+    export_dir = out / "export"
+    cmd = [sys.executable, "export/export.py", "--checkpoint", str(ckpt), "--out", str(export_dir), "--device", device, "--onnx"]
+    cmd += ["--reuse-packages", str(out / "export_untrained")] if reuse else []
+    # on a GPU Python loads the packages for the self-check (their C++ runtime is linked in), so the
+    # C++ build need not end first
+    times["export (trained weights + ONNX + self-check)" if reuse else "export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
+    info["export"] = (f"Packages, weights, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the "
+                      "manifest the export ran each package against eager on fresh inputs and on the reference (log: "
+                      f"`{rel_to(logs / 'export.log', out)}`)."
+                      + (f" The packages were compiled from the untrained model in the background from the start "
+                         f"(`{rel_to(out / 'export_untrained', out)}`) and given the trained weights (`--reuse-packages`)."
+                         if reuse else ""))
+
+
+def runner_check(binary: Path, out: Path, logs: Path, times: dict[str, float], info: dict) -> None:
+    """The C++ runner on the export: the reference check, its timing, and the image file through OpenCV."""
+    export_dir = out / "export"
+    check = [str(binary), "--manifest", str(export_dir / "manifest.json"), "--check",
+             str(export_dir / "reference.safetensors"), "--bench", "50"]
+    from_png = ["--image", str(export_dir / "reference.png"), "--points", str(export_dir / "reference_points.csv"),
+                "--out", str(out / "cpp_depths.csv")]
+    try:  # the image file through OpenCV, as a robot would, plus the reference check
+        times["C++ runner parity"] = run_step("cpp_check", check + from_png, logs)
+    except StepFailed:
+        if "no OpenCV" not in (logs / "cpp_check.log").read_text():
+            raise
+        times["C++ runner parity"] = run_step("cpp_check", check, logs)  # a build without OpenCV
+    info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
+
+
+def main(argv: list[str] | None = None) -> Path:
+    a = parse_args(argv)
     t_start = time.perf_counter()
     out = (ROOT / a.out).resolve() if not Path(a.out).is_absolute() else Path(a.out)
     logs = out / "logs"
     out.mkdir(parents=True, exist_ok=True)
-    py = sys.executable
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     info = {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores"
             + (f", {torch.cuda.get_device_name(0)}" if cuda else ", no GPU")}
     times: dict[str, float] = {}
     ckpt = out / "train"
-
-    # on a GPU machine: the GPU recipe; the packages and the C++ runner compile in the background
-    train_cmd = [py, "train/train.py", "--config", a.config, f"out_dir={ckpt}", "resume=true"]
-    if cuda:
-        train_cmd += [r.format(out=out) for r in GPU_RECIPE]
-        info["recipe"] = f"`{a.config}` with the GPU recipe `{' '.join(GPU_RECIPE).format(out=a.out)}`"
-    else:
-        info["recipe"] = f"`{a.config}`"
-    cpp_build, binary, compile_early = None, None, None
-    export_dir, untrained_export = out / "export", out / "export_untrained"
-    if cuda and "export" not in a.skip and "train" not in a.skip:
-        # the packages' code, compiled from the untrained model while training, evaluation and the
-        # benchmark run (no ONNX: that holds weights); the export after them reuses the packages with the
-        # trained weights
-        untrained = untrained_checkpoint(a.config, out / "untrained")
-        compile_early = Background("compile_packages", [py, "export/export.py", "--checkpoint", str(untrained), "--out",
-                                                        str(untrained_export), "--device", device], logs)
-    if "cpp" not in a.skip:
-        build_cmd, times["C++ runner configure"] = configure_runner(out / "cpp_build", logs)
-        if cuda:
-            cpp_build = Background("cpp_build", build_cmd, logs)
-        else:  # built before the export, which checks the packages with it where Python cannot load them
-            times["C++ runner build"] = run_step("cpp_build", build_cmd, logs)
-            binary = runner_binary(out / "cpp_build", logs)
+    train_cmd, info["recipe"] = train_command(a.config, ckpt, out, a.out, cuda)
+    # on a GPU machine the packages and the C++ runner compile in the background from the start
+    compile_early = (compile_packages_early(a.config, out, logs, device)
+                     if cuda and "export" not in a.skip and "train" not in a.skip else None)
+    cpp_build, binary = start_runner_build(out, logs, cuda, times) if "cpp" not in a.skip else (None, None)
     if "train" not in a.skip:
         times["train"] = run_step("train", train_cmd, logs)
         info["train"] = last_json(logs / "train.log")
-    # the evaluation and the benchmark need only the checkpoint: on a GPU they run while the packages
-    # and the C++ runner still compile (at low priority, so the measured steps keep their cores)
+    # the evaluation, the benchmark and the recording need only the checkpoint: on a GPU they run while
+    # the packages and the C++ runner still compile (at low priority, so the measured steps keep their cores)
     evaluate(ckpt, out, logs, a.skip, times)
+    beside = compile_early is not None or cpp_build is not None
     if "bench" not in a.skip:
-        beside = compile_early is not None or cpp_build is not None
         times["latency benchmark" + (f" ({FOREGROUND_CORES} CPU threads; packages and C++ runner compiling on the "
                                      f"other cores, nice {BACKGROUND_NICE})" if beside else "")] = bench(ckpt, out, logs, device, beside)
+    if "bag" not in a.skip:
+        info["bag"] = recording(ckpt, out, logs, device, a.bag_frames, times, beside)
     if compile_early is not None:
         times["compile packages (untrained model, from the start, in the background)"] = compile_early.finish()
     if "export" not in a.skip:
-        cmd = [py, "export/export.py", "--checkpoint", str(ckpt), "--out", str(export_dir), "--device", device, "--onnx"]
-        cmd += ["--cpp-runner", str(binary)] if binary else []
-        cmd += ["--reuse-packages", str(untrained_export)] if compile_early is not None else []
-        # on a GPU Python loads the packages for the self-check (their C++ runtime is linked in), so the
-        # C++ build need not end first
-        times["export (trained weights + ONNX + self-check)" if compile_early is not None
-              else "export (.pt2 + ONNX)"] = run_step("export", cmd, logs)
-        info["export"] = (f"Packages, weights, ONNX and manifest in `{rel_to(export_dir, out)}`; before writing the "
-                          "manifest the export ran each package against eager on fresh inputs and on the reference (log: "
-                          f"`{rel_to(logs / 'export.log', out)}`)."
-                          + (f" The packages were compiled from the untrained model in the background from the start "
-                             f"(`{rel_to(untrained_export, out)}`) and given the trained weights (`--reuse-packages`)."
-                             if compile_early is not None else ""))
+        export(ckpt, out, logs, device, compile_early is not None, times, info)
     if cpp_build is not None:
         times["C++ runner build (from the start, in the background)"] = cpp_build.finish()
         binary = runner_binary(out / "cpp_build", logs)
     if binary is not None:
-        man = export_dir / "manifest.json"
-        check = [str(binary), "--manifest", str(man), "--check", str(export_dir / "reference.safetensors"), "--bench", "50"]
-        from_png = ["--image", str(export_dir / "reference.png"), "--points", str(export_dir / "reference_points.csv"),
-                    "--out", str(out / "cpp_depths.csv")]
-        try:  # the image file through OpenCV, as a robot would, plus the reference check
-            times["C++ runner parity"] = run_step("cpp_check", check + from_png, logs)
-        except StepFailed:
-            if "no OpenCV" not in (logs / "cpp_check.log").read_text():
-                raise
-            times["C++ runner parity"] = run_step("cpp_check", check, logs)  # a build without OpenCV
-        info["cpp"] = (logs / "cpp_check.log").read_text()[-2000:]
+        runner_check(binary, out, logs, times, info)
     info["wall_s"] = time.perf_counter() - t_start
     report = write_report(out, times, info)
     print(f"\nreport: {report}")
@@ -306,9 +394,15 @@ def rel_to(path: Path, base: Path) -> str:
     return os.path.relpath(path, base)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """python -m depthpack.demo and the console script depthpack-demo: main with the house's error
+    contract (one line `demo: error: WHAT`, exit 1), a failed step included."""
     try:
-        main()
-    except (StepFailed, ValueError) as e:
-        print(f"demo: {e}", file=sys.stderr)
-        sys.exit(1)
+        code = cli.run("demo", main)
+    except StepFailed as e:
+        cli.fail("demo", e)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()
