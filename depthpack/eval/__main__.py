@@ -1,8 +1,14 @@
-"""python -m depthpack.eval: accuracy of the packed, masked and dense paths of a checkpoint."""
+"""python -m depthpack.eval (and the console script depthpack-eval): accuracy of the packed, masked
+and dense paths of a checkpoint."""
 import sys
 
 from ..core import cli
 from .evaluate import main
 
-if __name__ == "__main__":
+
+def run() -> None:
     sys.exit(cli.run("eval", main))  # bad input: one clear line, exit 1
+
+
+if __name__ == "__main__":
+    run()
