@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The focal-length measurement on a CPU (docs/focal/README.md): three runs of the demo recipe at one
+# The focal-length measurement on a CPU (docs/accuracy.md, The focal length): three runs of the demo recipe at one
 # equal budget (STEPS, default 2000), one after another, then packed AbsRel at Q = 16, 64 on 256
 # held-out scenes of each run's own rig.
 #   fixed      data.rig=fixed (the demo's robot camera)
