@@ -7,7 +7,8 @@
 # exit 1 on any failure.
 #
 # Knobs: ASAN_BUILD (build/asan), PY (.venv/bin/python), DEPTHPACK_EXPORTS (exports to reuse, as
-# make test left them: .ci/run passes the folder), PYTEST_ARGS (more pytest arguments).
+# make test left them: .ci/run passes the folder; default <build>/exports), PYTEST_ARGS (more
+# pytest arguments).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -36,13 +37,37 @@ say "build: $(secs "$t") s ($FLAGS)"
 # code of its own
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:exitcode=86:abort_on_error=0:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:exitcode=87:print_stacktrace=1}
+export DEPTHPACK_RUN=$BUILD/depthpack_run
+export DEPTHPACK_EXPORTS=${DEPTHPACK_EXPORTS:-$BUILD/exports}
+mkdir -p "$DEPTHPACK_EXPORTS"
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+TESTS=tests/deploy/test_cpp_runner.py
+# left to make test: the build without OpenCV (it compiles another runner, not this one), the
+# hypothesis cases of the CSV and image readers and the manifest's missing keys one by one (the fuzz
+# targets read far more inputs of those readers)
+SKIP="test_build_without_opencv or test_csv_reader_answers_or_fails_cleanly or test_image_reader_fails_cleanly_on_garbage"
+SKIP="$SKIP or test_runner_refuses_what_pythons_read_manifest_refuses"
+# the tests whose fixtures export (once, or found in DEPTHPACK_EXPORTS), then the rest in two processes
+# at once: each runner process is mostly one core's work
+FIRST="test_check_reference_passes or test_frame_packages_check_reference or test_focal_packages_check_the_references_focal"
 t=$EPOCHREALTIME
-# left to make test: the build without OpenCV (it compiles another runner, not this one) and the
-# hypothesis cases of the CSV and image readers (the fuzz targets read far more inputs)
 rc=0
-DEPTHPACK_RUN="$BUILD/depthpack_run" "$PY" -m pytest -q -p no:cacheprovider tests/deploy/test_cpp_runner.py \
-  -k "not test_build_without_opencv and not test_csv_reader_answers_or_fails_cleanly and not test_image_reader_fails_cleanly_on_garbage" \
-  ${PYTEST_ARGS:-} || rc=$?
-say "tests: $(secs "$t") s, pytest exit $rc"
-[ "$rc" = 0 ] || fail "tests/deploy/test_cpp_runner.py on the ASan/UBSan build (exit $rc)"
+"${PYTEST[@]}" "$TESTS" -k "($FIRST) and not ($SKIP)" ${PYTEST_ARGS:-} >"$BUILD/tests-0.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || grep -E "^(FAILED|ERROR)|Error|error:" "$BUILD/tests-0.log" | head -20 | sed 's/^/    /'
+tail -1 "$BUILD/tests-0.log" | sed 's/^/    exports: /'
+"${PYTEST[@]}" "$TESTS" --collect-only -k "not ($FIRST) and not ($SKIP)" | grep '::' >"$BUILD/tests.txt" || true
+for half in 1 2; do
+  mapfile -t ids < <(awk -v h="$half" 'NR % 2 == h % 2' "$BUILD/tests.txt")
+  ( r=0; "${PYTEST[@]}" "${ids[@]}" ${PYTEST_ARGS:-} >"$BUILD/tests-$half.log" 2>&1 || r=$?
+    echo "$r" >"$BUILD/tests-$half.rc" ) &
+done
+wait
+for half in 1 2; do
+  r=$(cat "$BUILD/tests-$half.rc")
+  [ "$r" = 0 ] || { rc=$r; grep -E "^(FAILED|ERROR)|Error|error:" "$BUILD/tests-$half.log" | head -20 | sed 's/^/    /'; }
+  tail -1 "$BUILD/tests-$half.log" | sed "s/^/    half $half: /"
+done
+[ -s "$BUILD/tests.txt" ] || { rc=1; say "no test collected"; }
+say "tests: $(secs "$t") s ($(wc -l <"$BUILD/tests.txt") tests in two halves, logs in ${BUILD#"$ROOT"/}/tests-*.log)"
+[ "$rc" = 0 ] || fail "tests/deploy/test_cpp_runner.py on the ASan/UBSan build (pytest exit $rc)"
 say "OK: total $(secs "$T_ALL") s"
