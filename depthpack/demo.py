@@ -128,7 +128,7 @@ def last_json(log: Path) -> dict:
 def untrained_checkpoint(config: str, out: Path) -> Path:
     """The recipe's model, untrained (seeded), as a checkpoint in out: what the GPU demo compiles into
     packages while training runs (the packages hold code, which depends on the model's shapes, not its
-    weights; a package's compile is 70-150 s on the H200, docs/performance.md)."""
+    weights, and their compile is the demo's longest step: docs/performance.md)."""
     from .core.checkpoint import save_checkpoint
     from .core.config import to_dict
     from .core.model import DepthPack

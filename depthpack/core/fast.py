@@ -10,7 +10,7 @@ A Recipe is a set of measured winners (docs/performance.md has each one's figure
     gelu_epilogue  fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue (tanh GELU)
     blocks         "hybrid": attention + projection + residual and fc2 + residual as two Triton kernels a
                    block (kernels.vit_block), the rest left to Inductor and cuBLAS; "timm": timm's blocks
-The hybrid blocks win at batch 1 and lose at batch 8 on the H200, so the recipe depends on the batch.
+The hybrid blocks win at batch 1 and lose at batch 8 (docs/performance.md), so the recipe depends on the batch.
 On a CPU the recipe is the reference: nothing was measured to beat it there.
 """
 from __future__ import annotations

@@ -210,12 +210,11 @@ def static_runtime_compiler() -> Path:
     """A compiler wrapper that calls the host's g++ and, when it links a shared library, links
     libstdc++ and libgcc statically with their symbols hidden. Why: a process that loads the package
     may already hold another copy of C++ runtime symbols (torch 2.11's libtorch exports some), and a
-    package bound half to one copy and half to the other crashes (the H200's SIGSEGV: loading one
-    package in fresh processes with LD_DEBUG=bindings showed the std::filesystem symbols bound to
-    libtorch_cpu.so's copy; docs/performance.md, "Tried and dropped").
+    package bound half to one copy and half to the other crashes (docs/performance.md, "Tried and dropped").
 
-    The wrapper lives at a path named by its content, in Inductor's cache folder, and is reused: Inductor keys its precompiled headers on the compiler's command line, so a new
-    path per package would rebuild them for every package (about 25 s each on a 2-core CPU)."""
+    The wrapper lives at a path named by its content, in Inductor's cache folder, and is reused: Inductor
+    keys its precompiled headers on the compiler's command line, so a new path per package would rebuild
+    them for every package."""
     import hashlib
     import shutil
 
