@@ -138,8 +138,7 @@ CASES = [
     Case("bench-unknown-preset", lambda w: [*BENCH, "--preset", "huge", "--device", "cpu"], "unknown preset"),
     Case("bench-corrupt-checkpoint", lambda w: [*BENCH, "--checkpoint", str(w.corrupt), "--device", "cpu",
                                                 "--out", str(w.b1)], "no usable checkpoint", prepare=_corrupt_run),
-    Case("bench-missing-merge-from", lambda w: [*BENCH, "--device", "cpu", "--rows", "none", "--merge-from",
-                                                str(w.nothing)], "no bench.json"),
+    Case("bench-nothing-to-measure", lambda w: [*BENCH, "--device", "cpu", "--rows", "none"], "no row to measure"),
 ]
 NAMES = {"train": "train", "depthpack.eval": "eval", "export": "export", "depthpack.bench": "bench"}
 
