@@ -1243,3 +1243,32 @@ def test_latency_summaries_are_pythons(tmp_path):
         v = [float(x) for x in rng.integers(0, 8, n)] if n % 2 else [float(x) for x in rng.uniform(0, 5, n)]  # ties, and not
         proc = subprocess.run([str(tmp_path / "t"), *map(repr, v)], capture_output=True, text=True, check=True)
         assert [float(x) for x in proc.stdout.split()] == [statistics.median(v), percentile(v, 0.9)], v
+
+
+@pytest.mark.slow
+def test_context_tokens_through_the_packages_the_cpp_runner_and_onnx(runner, tmp_path):
+    """The glance layout with registers ([cls | registers | glance | patches]) goes everywhere the model goes:
+    its packages pass the exporter's check against eager, the C++ runner's check against the reference, the
+    Python runner equals the eager model on fresh points, and its ONNX equals eager too."""
+    out = tmp_path / "glance"
+    cmd = [sys.executable, "-m", "depthpack.export", "--preset", "tiny", "--out", str(out), "--buckets", "8",
+           "--model", "context=glance,glance_grid=4,registers=2", "--onnx"]
+    e = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert e.returncode == 0, e.stderr[-3000:]
+    assert "onnxruntime vs eager max |diff|" in e.stderr and "self-check ok" in e.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["model_config"]["context"], m["model_config"]["glance_grid"], m["model_config"]["registers"]) == \
+        ("glance", [4, 4], 2)
+    p = subprocess.run([str(runner), "--manifest", str(out / "manifest.json"), "--check",
+                        str(out / "reference.safetensors")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "OK" in p.stderr, p.stderr[-2000:]
+    from depthpack.deploy.export import load_for_export
+    from depthpack.runtime.aoti import load_runners
+
+    model, _ = load_for_export(preset="tiny", overrides={"context": "glance", "glance_grid": 4, "registers": 2})
+    _, runners = load_runners(out / "manifest.json", "cpu")
+    g = torch.Generator().manual_seed(11)
+    for k, fn in runners.items():
+        images, pts = torch.rand(1, 3, 64, 64, generator=g), torch.rand(1, k, 2, generator=g) * 63.9
+        with torch.no_grad():
+            torch.testing.assert_close(fn(images, pts), model.forward_packed(images, pts, k), atol=1e-4, rtol=1e-4)
