@@ -204,11 +204,14 @@ def _main_of(name: str):
     if name == "bench":
         from depthpack.bench.ladder import main
         return main
+    if name == "export":  # export/export.py hands on to the package's command
+        from depthpack.deploy.cli import _main
+        return _main
     path = ROOT / name / f"{name}.py"  # train/train.py, export/export.py
     spec = importlib.util.spec_from_file_location(f"{name}_cli", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod._main if name == "export" else mod.main
+    return mod.main
 
 
 IN_PROCESS = [
