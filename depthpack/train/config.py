@@ -44,6 +44,8 @@ class TrainConfig:
     distill_images: int = 16  # images of each batch the teacher runs on (its dense path costs ~2 packed ones)
     teacher_decay: float = 0.999  # EMA decay of the teacher's weights
     random_budgets: bool = False  # each step's bucket drawn among those that hold its Q (not always the smallest)
+    train_path: str = "packed"  # the path the loss runs: packed (as deployed) or dense (every patch: the
+    #                             equal-tokens baseline, a dense model at a smaller image size)
     queries: list[int] | None = None  # Q values to draw from each step; None: every bucket in [q_min, q_max]
     q_min: int = 1
     q_max: int | None = None  # None: the largest bucket
@@ -110,6 +112,10 @@ class TrainConfig:
         depth = self.model_config().depth
         if any(not 0 <= b < depth for b in self.distill_blocks or ()):
             problems.append(f"distill_blocks {self.distill_blocks} must be block indices in [0, {depth})")
+        if self.train_path not in ("packed", "dense"):
+            problems.append(f"train_path must be packed or dense, got {self.train_path!r}")
+        elif self.train_path == "dense" and self.distill_weight > 0:
+            problems.append("distill_weight > 0 distills the packed path toward the dense one: it needs train_path=packed")
         for name in ("min_lr_ratio", "silog_lambda", "teacher_decay"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name} must lie in [0, 1], got {getattr(self, name)}")

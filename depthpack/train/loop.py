@@ -137,7 +137,7 @@ def make_step(model: DepthPack, opt: torch.optim.Optimizer, cfg: TrainConfig, d:
         depth = len(model.backbone.blocks)
         blocks = tuple(cfg.distill_blocks) if cfg.distill_blocks is not None else (depth // 2 - 1, depth - 1)
         teacher = Teacher(model, blocks, cfg.distill_images, cfg.teacher_decay, cfg.distill_weight, cfg.steps // 2)
-    objective = PackedObjective(model, cfg.silog_lambda, teacher).to(d.device)
+    objective = PackedObjective(model, cfg.silog_lambda, teacher, dense=cfg.train_path == "dense").to(d.device)
     runner: nn.Module = objective
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP

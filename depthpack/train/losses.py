@@ -43,7 +43,7 @@ class SiLogLoss(nn.Module):
 
 
 class PackedObjective(nn.Module):
-    """SILog of the packed path at the queried points, + weight * the distance of its tokens at the queries to
+    """SILog of the packed path (dense=True: the dense path) at the queried points, + weight * the distance of its tokens at the queries to
     a dense teacher's (Teacher: an EMA of the weights, no gradient), after the teacher's blocks. One module,
     so DDP sees every parameter its forward uses.
 
@@ -51,9 +51,10 @@ class PackedObjective(nn.Module):
     column of log.csv (in this order), so a new term is one more entry.
     """
 
-    def __init__(self, model: DepthPack, silog_lambda: float, teacher: "Teacher | None" = None):
+    def __init__(self, model: DepthPack, silog_lambda: float, teacher: "Teacher | None" = None,
+                 dense: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.dense = model, dense  # dense: every patch in the buffer (the equal-tokens baseline)
         self.silog = SiLogLoss(lambd=silog_lambda)
         self.teacher = teacher
 
@@ -64,7 +65,10 @@ class PackedObjective(nn.Module):
         # extra: (points [B,E,2], parent [B,E] (the query whose patch holds each), target, valid [B,E]):
         # decoded from the tokens the queries already selected, so they cost the head only
         m, t = self.model, self.teacher
-        index, slot = m.select(images, points, bucket)  # forward_packed, in its parts
+        if self.dense:  # forward_dense_core, in its parts
+            index, slot = None, patch_of_points(points, m.cfg.patch_size, m.grid_of(images))
+        else:
+            index, slot = m.select(images, points, bucket)  # forward_packed, in its parts
         taps: list[torch.Tensor] | None = [] if t is not None else None
         feats = m.forward_features(images, index, taps=taps)
         distill = t.distance(taps, slot, images, points, valid) if t is not None else None

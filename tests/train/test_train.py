@@ -140,6 +140,30 @@ def test_teacher_distance_is_zero_when_all_tokens_are_selected_and_the_teacher_f
     assert float(loss) == pytest.approx(float(terms["silog"] + 0.2 * terms["distill"]), rel=1e-5)
 
 
+def test_the_dense_objective_is_the_dense_paths_silog_whatever_the_bucket():
+    """train_path=dense (the equal-tokens baseline): every patch in the buffer, so the loss is the SILog of
+    forward_dense_core at the points, at any bucket; the packed objective at a small bucket differs."""
+    from depthpack.data import make_dataset
+    from depthpack.train.losses import PackedObjective, SiLogLoss
+    from depthpack.train.loop import build_model
+
+    cfg = load_train_config(TINY, ["train_path=dense"])
+    mc = cfg.model_config()
+    ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
+    b, _, _ = host_batch(ds, 16, 2)
+    model = randomize_(build_model(cfg, torch.device("cpu")))
+    want = SiLogLoss(0.5)(model.forward_dense_core(b.images, b.points), b.target, b.valid)
+    dense = PackedObjective(model, 0.5, dense=True)
+    for bucket in (16, mc.num_patches):
+        torch.testing.assert_close(dense(b.images, b.points, b.target, b.valid, bucket)[0], want)
+    packed = PackedObjective(model, 0.5)(b.images, b.points, b.target, b.valid, 16)[0]
+    assert abs(float(packed) - float(want)) > 1e-4
+    with pytest.raises(ValueError, match="train_path must be packed or dense"):
+        load_train_config(TINY, ["train_path=masked"])
+    with pytest.raises(ValueError, match="needs train_path=packed"):
+        load_train_config(TINY, ["train_path=dense", "distill_weight=0.5"])
+
+
 def test_random_budgets_draw_every_bucket_that_holds_q():
     from depthpack.train.config import draw_bucket
 
