@@ -125,7 +125,7 @@ def last_json(log: Path) -> dict:
     return {}
 
 
-def untrained_checkpoint(config: str, out: Path) -> Path:
+def untrained_checkpoint(config: str, out: Path, overrides: list[str] | None = None) -> Path:
     """The recipe's model, untrained (seeded), as a checkpoint in out: what the GPU demo compiles into
     packages while training runs (the packages hold code, which depends on the model's shapes, not its
     weights, and their compile is the demo's longest step: docs/performance.md)."""
@@ -134,7 +134,7 @@ def untrained_checkpoint(config: str, out: Path) -> Path:
     from .core.model import DepthPack
     from .train.config import load_train_config
 
-    cfg = load_train_config(config)
+    cfg = load_train_config(config, overrides)
     torch.manual_seed(cfg.seed)
     mcfg = cfg.model_config()
     return save_checkpoint(out, 0, DepthPack(mcfg), {}, {"model": to_dict(mcfg), "train": to_dict(cfg)})

@@ -4,8 +4,10 @@
 #   1. render + cache the val and train scenes of every image size the runs use (every core but two)
 #   2. the trainings, at once (GPU_TESTS=1: the GPU tests beside them, on the CPU cores they leave)
 #   3. per run: packed and dense AbsRel at Q = QUERIES (a run at another image size reads the 420x560 scenes
-#      resized to its own: the equal-tokens dense baselines), the context diagnostic, and the packed vs dense
-#      gap at every kept checkpoint
+#      resized to its own: the equal-tokens dense baselines, trained with train_path=dense and evaluated
+#      dense only), the context diagnostic, and the packed vs dense gap at every kept checkpoint
+#   4. LAYOUTS="NAME:K=V+K=V ...": B1 latency (python -m depthpack.bench, BENCH_ROWS: fast and dense-graph) of each
+#      run's model and of each layout's untrained model (latency does not depend on the weights)
 #   RUNS="NAME:K=V+K=V NAME:..." OUT=DIR bash scripts/gpu_ab.sh          (STEPS, RENDER_S, TRAIN_S, EVAL_S)
 #   CFG=configs/tiny.yaml STEPS=4 QUERIES="4 16" PY=.venv/bin/python bash scripts/gpu_ab.sh   (every step, on a CPU)
 # $OUT gets ab.log (the summary, also printed) and results.tgz (every run's eval.json, gap.json, log.csv, figures).
@@ -31,7 +33,8 @@ limit() { local l; l=$(( $(left) - 5 )); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 
 finish() { tar czf "$OUT/results.tgz" -C "$WORK" --exclude=scenes --exclude=checkpoints . 2>/dev/null; step "done"; }
 trap finish EXIT
 names=(); for r in $RUNS; do names+=("${r%%:*}"); done
-overrides() { local spec=""; for r in $RUNS; do [ "${r%%:*}" = "$1" ] && spec=${r#*:}; done; echo "${spec//+/ }"; }
+overrides() { local spec=""; for r in $RUNS ${LAYOUTS:-}; do [ "${r%%:*}" = "$1" ] && spec=${r#*:}; done; echo "${spec//+/ }"; }
+is_dense() { overrides "$1" | tr ' ' '\n' | grep -qx 'train_path=dense'; }
 size_of() { overrides "$1" | tr ' ' '\n' | grep '^model.img_size=' | cut -d= -f2; }
 # the held-out scenes every run is scored on: the config's own image size
 HW=$($PY -c "from depthpack.train import load_train_config as l; h, w = l('$CFG').model_config().img_size; print(f'{w}x{h}')")
@@ -39,7 +42,10 @@ step "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null),
 
 step "1. render + cache: val, then train for ${RENDER_S}s, at each image size"
 sizes=$(for run in "${names[@]}"; do size_of "$run"; done | sort -u)
-timeout $(( RENDER_S + 60 )) $PY -m depthpack.data.prerender --config $CFG "${COMMON[@]}" --splits val train \
+main_splits="val"  # the config's own size: the held-out scenes, and training scenes when a run trains there
+for run in "${names[@]}"; do [ -z "$(size_of "$run")" ] && main_splits="val train"; done
+# shellcheck disable=SC2086  # the splits are words
+timeout $(( RENDER_S + 60 )) $PY -m depthpack.data.prerender --config $CFG "${COMMON[@]}" --splits $main_splits \
   --processes $(( $(nproc) > 4 ? $(nproc) - 2 : $(nproc) )) --budget "$RENDER_S" > "$WORK/render.log" 2>&1
 for s in $sizes; do  # smaller sizes render faster: a third of the budget each
   timeout $(( RENDER_S / 3 + 60 )) $PY -m depthpack.data.prerender --config $CFG "${COMMON[@]}" model.img_size="$s" \
@@ -69,18 +75,38 @@ step "3. evaluate each on the ${HW} held-out scenes: Q = $QUERIES, packed and de
 for run in "${names[@]}"; do
   t=$(date +%s)
   size=$(size_of "$run")
-  timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries $QUERIES --paths packed dense \
-    --anchors on --curve --context-diagnostic 256 --max-images 256 --batch-size 16 --figure-images 1 --no-progress \
+  if is_dense "$run"; then paths=(--paths dense); else paths=(--paths packed dense --curve --context-diagnostic 256); fi
+  timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries $QUERIES "${paths[@]}" \
+    --anchors on --max-images 256 --batch-size 16 --figure-images 1 --no-progress \
     ${size:+--image-size "$HW"} --out "$WORK/$run/eval" > "$WORK/eval_$run.log" 2>&1
   echo "[$run] eval exit $?, $(( $(date +%s) - t )) s" | tee -a "$LOG"
   grep -e '^- q' "$WORK/$run/eval/eval.md" 2>/dev/null | tee -a "$LOG" || tail -3 "$WORK/eval_$run.log" | tee -a "$LOG"
 done
 for run in "${names[@]}"; do  # the gap over training: after every run's own evaluation, with what time is left
+  is_dense "$run" && continue
   size=$(size_of "$run")
   timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --gap-curve --queries 16 256 --max-images 128 \
     ${size:+--image-size "$HW"} --out "$WORK/$run/gap" > "$WORK/gap_$run.log" 2>&1
   echo "[$run] gap curve exit $?" | tee -a "$LOG"; cat "$WORK/$run/gap/gap.md" 2>/dev/null | tee -a "$LOG"
 done
+if [ -n "${LAYOUTS:-}" ]; then
+  step "4. B1 latency at Q = ${LAT_Q:-256}, rows ${BENCH_ROWS:-fast,dense-graph}: each run's model and each layout's"
+  for spec in $LAYOUTS; do  # the layout's model, untrained: the same shapes, so the same latency
+    name=${spec%%:*}
+    # shellcheck disable=SC2046
+    $PY -c 'import sys; from pathlib import Path; from depthpack.demo import untrained_checkpoint
+untrained_checkpoint(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])' $CFG "$WORK/$name" $(overrides "$name") \
+      >> "$WORK/bench.log" 2>&1
+  done
+  for spec in $RUNS $LAYOUTS; do
+    name=${spec%%:*}
+    timeout "$(limit "${BENCH_S:-120}")" $PY -m depthpack.bench --checkpoint "$WORK/$name" --dtype bfloat16 \
+      --pairs "1x${LAT_Q:-256}" --rows "${BENCH_ROWS:-fast,dense-graph}" --out "$WORK/$name/bench" >> "$WORK/bench.log" 2>&1
+    echo "[$name] bench exit $?" | tee -a "$LOG"
+    rows=${BENCH_ROWS:-fast,dense-graph}
+    grep -E "^\| .*\| (${rows//,/|}) \|" "$WORK/$name/bench/bench.md" 2>/dev/null | tee -a "$LOG"
+  done
+fi
 if [ -n "${PROBE:-}" ] && [ "$(left)" -gt 60 ]; then  # issue 27's training-free probe: a thumbnail run's weights, its
   # anchor slots carrying the pooled patch embeddings of their cells instead (same count, no training)
   step "probe: $PROBE with pooled anchors, no training"
