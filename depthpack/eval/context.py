@@ -27,6 +27,7 @@ def to_model_size(model, images: torch.Tensor, points: torch.Tensor | None = Non
     if have == size:
         return images, points, focal
     images = torch.nn.functional.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+    images = images.clamp(0.0, 1.0)  # the filter's weights are >= 0: anything past [0, 1] is their rounding
     if points is not None:  # pixel (x, y) stays inside the image: x * W / w < W
         points = scale_points(points, have, size).clamp(min=0).minimum(
             torch.tensor([size[1] - 1e-3, size[0] - 1e-3], device=points.device))
