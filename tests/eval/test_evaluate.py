@@ -151,17 +151,18 @@ def test_context_diagnostic_masses_and_the_gap_curve(run_dir, tmp_path):
 
 
 def test_resizing_to_the_model_keeps_images_in_range():
-    """420x560 -> 252x336 (a ratio of 0.6) with the antialiased filter: white pixels came out a hair past 1,
-    which the model's input check refuses; the resize keeps [0, 1] and changes nothing else."""
+    """The antialiased filter's weights sum to 1 only up to rounding: a white image came out a hair past 1
+    (420x560 -> 252x336 on the GPU, 480x640 -> 252x336 here), which the model's input check refuses; the
+    resize keeps [0, 1] and changes nothing else."""
     from types import SimpleNamespace
 
     from depthpack.eval.context import to_model_size
 
-    g = torch.Generator().manual_seed(0)
-    images = torch.rand(2, 3, 420, 560, generator=g)
-    images[:, :, :40] = 1.0  # a white wall
+    images = torch.rand(2, 3, 480, 640, generator=torch.Generator().manual_seed(0))
+    images[0] = 1.0  # a white frame
     model = SimpleNamespace(cfg=SimpleNamespace(img_size=(252, 336)))
-    out, _, _ = to_model_size(model, images)
     raw = torch.nn.functional.interpolate(images, size=(252, 336), mode="bilinear", align_corners=False, antialias=True)
+    assert float(raw.max()) > 1.0  # what the filter alone gives
+    out, _, _ = to_model_size(model, images)
     assert out.shape == (2, 3, 252, 336) and 0.0 <= float(out.min()) and float(out.max()) <= 1.0
     torch.testing.assert_close(out, raw, rtol=0, atol=1e-6)
