@@ -197,6 +197,19 @@ def block_accuracy() -> list[str]:
                   "training steps"], rows) + ["", f"Runs: {_runs(data['rows'])}. Source: `docs/results/accuracy.json`."]
 
 
+def block_equal_tokens() -> list[str]:
+    """Q = 256 at the same training length: each packed layout beside the dense models a user could run
+    instead at a smaller image size, with the B1 latency the same benchmark measured."""
+    data = load("accuracy.json")
+    rs = [r for r in data["rows"] if r["q"] == 256 and r.get("b1_ms") is not None]
+    rows = [[r["layout"], r["image"], r["tokens"], r["encoder_gflop"], "packed" if r["packed_absrel"] is not None else "dense",
+             _absrel(r["packed_absrel"] if r["packed_absrel"] is not None else r["dense_absrel"]), ms(r["b1_ms"]),
+             r["steps"]] for r in rs]
+    return table(["model", "image", "tokens", "encoder GFLOP", "path", "AbsRel at Q = 256", "B1 ms", "training steps"],
+                 rows) + ["", f"Runs: {_runs(rs)}. Source: `docs/results/accuracy.json` (b1_ms) and "
+                          "`docs/results/context_ab.json` (the commands)."]
+
+
 def block_readme_accuracy() -> list[str]:
     data = load("accuracy.json")
     rs = [r for r in data["rows"] if r["default"]]
