@@ -228,19 +228,15 @@ class DepthPack(nn.Module):
             parts.append(self.registers.expand(B, -1, -1))
         return torch.cat(parts + [self.anchors(x)], dim=1)
 
-    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                   taps: list[torch.Tensor] | None = None) -> torch.Tensor:
-        # tokens [B,S,D] -> [B,S,D]: timm's blocks, or the recipe's hybrid blocks (inference without a mask);
-        # taps: a list that receives every block's output (distillation reads them)
+    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # tokens [B,S,D] -> [B,S,D]: timm's blocks, or the recipe's hybrid blocks (inference without a mask)
         r = self.recipe
-        if r.blocks == "hybrid" and attn_mask is None and taps is None:
+        if r.blocks == "hybrid" and attn_mask is None:
             from ..kernels.vit_block import hybrid_blocks
             return self.backbone.norm(hybrid_blocks(self.backbone.blocks, tokens, r.gelu_epilogue))
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
             x = block_forward(blk, x, attn_mask, r.gelu_epilogue)
-            if taps is not None:
-                taps.append(x)
         return self.backbone.norm(x)
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
@@ -276,17 +272,14 @@ class DepthPack(nn.Module):
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
     def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
-                         attn_mask: torch.Tensor | None = None, taps: list | None = None) -> torch.Tensor:
+                         attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """images [B,3,H,W] in [0,1] -> features [B,S,D] of the patches in index (None: all N, row-major),
         after the prefix (cls, registers, anchors) + those patches ran through the blocks (attn_mask over
-        every key); taps, a list, receives each block's output for those patches."""
+        every key)."""
         x = self.normalize(images)
         pre = self.prefix(x)  # [B,P,D]
         tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,P+S,D]
-        out = self.run_blocks(tokens, attn_mask, taps)
-        if taps is not None:
-            taps[:] = [t[:, pre.shape[1]:] for t in taps]
-        return out[:, pre.shape[1]:]
+        return self.run_blocks(tokens, attn_mask)[:, pre.shape[1]:]
 
     def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor,
                      scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -295,20 +288,6 @@ class DepthPack(nn.Module):
         htok = self.head.token_features(feats)  # [B,S,h]
         htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
         return self.head.decode(htok, points, scale)
-
-    def forward_taps(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None, blocks: tuple[int, ...],
-                     focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """For training: depth [B,Q] and the token of each query's patch after each block in `blocks`
-        [B,Q,len(blocks),D], through the packed path (bucket) or, with bucket None, the dense path."""
-        if bucket is None:
-            index, slot = None, patch_of_points(points, self.cfg.patch_size, self.grid_of(images))
-        else:
-            index, slot = self.select(images, points, bucket)
-        taps: list[torch.Tensor] = []
-        feats = self.forward_features(images, index, taps=taps)
-        depth = self.forward_head(feats, slot, points, self.focal_scale(images, focal))
-        at = [torch.gather(taps[b], 1, slot.unsqueeze(-1).expand(-1, -1, feats.shape[-1])) for b in blocks]
-        return depth, torch.stack(at, dim=2)
 
     def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
                        focal: torch.Tensor | None = None) -> torch.Tensor:

@@ -37,12 +37,6 @@ class TrainConfig:
     warmup_steps: int = 50  # linear warmup from 0
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     silog_lambda: float = 0.5  # SiLogLoss(lambd)
-    # distillation from a dense teacher: an EMA of the weights (no gradient) runs the dense path, and the packed
-    # path's tokens at the queries are pulled toward the teacher's after distill_blocks; 0 = off
-    distill_weight: float = 0.0  # the weight at the end of its ramp (linear from 0 over the first half of training)
-    distill_blocks: list[int] | None = None  # block indices (0-based); None: the middle one and the last
-    distill_images: int = 16  # images of each batch the teacher runs on (its dense path costs ~2 packed ones)
-    teacher_decay: float = 0.999  # EMA decay of the teacher's weights
     random_budgets: bool = False  # each step's bucket drawn among those that hold its Q (not always the smallest)
     train_path: str = "packed"  # the path the loss runs: packed (as deployed) or dense (every patch: the
     #                             equal-tokens baseline, a dense model at a smaller image size)
@@ -106,17 +100,12 @@ class TrainConfig:
         if not 0 <= self.seed < 2**32:  # the per-step seeds are built from it and must stay in 64 bits
             problems.append(f"seed must lie in [0, 2**32), got {self.seed}")
         for name, lo in (("eval_every", 0), ("eval_images", 1), ("eval_queries", 1), ("weight_decay", 0),
-                         ("backbone_lr_ratio", 0), ("grad_clip", 0), ("distill_weight", 0), ("distill_images", 0)):
+                         ("backbone_lr_ratio", 0), ("grad_clip", 0)):
             if getattr(self, name) < lo:
                 problems.append(f"{name} must be >= {lo}, got {getattr(self, name)}")
-        depth = self.model_config().depth
-        if any(not 0 <= b < depth for b in self.distill_blocks or ()):
-            problems.append(f"distill_blocks {self.distill_blocks} must be block indices in [0, {depth})")
         if self.train_path not in ("packed", "dense"):
             problems.append(f"train_path must be packed or dense, got {self.train_path!r}")
-        elif self.train_path == "dense" and self.distill_weight > 0:
-            problems.append("distill_weight > 0 distills the packed path toward the dense one: it needs train_path=packed")
-        for name in ("min_lr_ratio", "silog_lambda", "teacher_decay"):
+        for name in ("min_lr_ratio", "silog_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         kmax = self.model_config().buckets[-1]

@@ -38,7 +38,7 @@ from .batches import Batch, host_batches
 from .config import TrainConfig, draw_bucket, dump_yaml, load_train_config
 from .device_data import DeviceScenes, device_stream
 from .log import Meter, RunLog, sync
-from .losses import PackedObjective, Teacher
+from .losses import PackedObjective
 from .step import TrainStep, check_graph_config, plain_lr_state
 
 
@@ -132,12 +132,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 def make_step(model: DepthPack, opt: torch.optim.Optimizer, cfg: TrainConfig, d: Dist) -> TrainStep:
     """The objective, under DDP with several processes, compiled with cfg.compile, in a TrainStep."""
-    teacher = None
-    if cfg.distill_weight > 0:
-        depth = len(model.backbone.blocks)
-        blocks = tuple(cfg.distill_blocks) if cfg.distill_blocks is not None else (depth // 2 - 1, depth - 1)
-        teacher = Teacher(model, blocks, cfg.distill_images, cfg.teacher_decay, cfg.distill_weight, cfg.steps // 2)
-    objective = PackedObjective(model, cfg.silog_lambda, teacher, dense=cfg.train_path == "dense").to(d.device)
+    objective = PackedObjective(model, cfg.silog_lambda, dense=cfg.train_path == "dense").to(d.device)
     runner: nn.Module = objective
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -147,7 +142,6 @@ def make_step(model: DepthPack, opt: torch.optim.Optimizer, cfg: TrainConfig, d:
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(cfg.model_config().buckets))
         runner = torch.compile(runner, dynamic=False)
     step = TrainStep(runner, model, opt, cfg.grad_clip, cfg.amp, d.device, graph=cfg.graph)
-    step.teacher = objective.teacher
     return step
 
 
@@ -299,8 +293,6 @@ def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
             meter.data_ready(b)
             loss, terms, gnorm = train_step(b)
             sched.step()
-            if train_step.teacher is not None:
-                train_step.teacher.after_step(model, step)
             meter.step_done(b, loss, terms)
             if step % cfg.log_every == 0 or step == cfg.steps:
                 log.log(meter.row(b, sched.get_last_lr()[0], gnorm))

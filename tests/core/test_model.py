@@ -377,16 +377,3 @@ def test_glance_tokens_see_the_whole_image_at_their_regions():
 def test_context_config_errors_name_the_field(over, msg):
     with pytest.raises(ValueError, match=msg):
         create_model("tiny", **over)
-
-
-def test_forward_taps_are_the_blocks_tokens_at_the_queries(tiny):
-    """forward_taps: the packed path's depth unchanged, and the taps equal the dense path's at every query when
-    the bucket holds every patch."""
-    img, pts = rand_inputs(70, 2, 19)
-    with torch.no_grad():
-        depth, taps = tiny.forward_taps(img, pts, 64, (0, 1))
-        dense_depth, dense_taps = tiny.forward_taps(img, pts, None, (0, 1))
-        torch.testing.assert_close(depth, tiny.forward_packed(img, pts, 64))
-    assert taps.shape == (2, 19, 2, tiny.cfg.embed_dim)
-    torch.testing.assert_close(taps, dense_taps, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(depth, dense_depth, rtol=1e-5, atol=1e-5)

@@ -113,7 +113,7 @@ def _same_row(a: dict, b: dict, columns) -> bool:
                abs(float(a[c]) - float(b[c])) <= 1e-5 * max(1.0, abs(float(b[c]))) for c in columns)
 
 
-LOG_COLUMNS = ("step", "loss", "silog", "distill", "lr", "q", "bucket", "grad_norm")  # not the timings
+LOG_COLUMNS = ("step", "loss", "silog", "lr", "q", "bucket", "grad_norm")  # not the timings
 
 
 def _check_logs_after_kill(run: Path, ref: Path) -> int:
