@@ -80,15 +80,29 @@ class RunLog:
             for r in csv.DictReader(f):
                 if r.get("step") == str(step):
                     try:
-                        return {k: float(v) for k, v in r.items() if k != "step"}
+                        return {k: float(v) for k, v in r.items() if k != "step" and v != ""}
                     except (TypeError, ValueError):
                         return None
         return None
 
     def _append(self, path: Path, row: dict[str, Any]) -> None:
+        fields = list(row)
+        if path.is_file() and path.stat().st_size > 0:
+            with open(path, newline="") as f:
+                header = next(csv.reader(f), [])
+            # resumed across a change of the columns: the new ones join the header, none is dropped
+            fields = header if set(row) <= set(header) else fields + [h for h in header if h not in row]
+            if fields != header:
+                with open(path, newline="") as f:
+                    old = list(csv.DictReader(f))
+                buf = io.StringIO()
+                w = csv.DictWriter(buf, fieldnames=fields, restval="", lineterminator="\n")
+                w.writeheader()
+                w.writerows(old)
+                atomic_write_text(path, buf.getvalue())
         new = not path.is_file() or path.stat().st_size == 0
         with open(path, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(row), lineterminator="\n")
+            w = csv.DictWriter(f, fieldnames=fields, restval="", lineterminator="\n")
             if new:
                 w.writeheader()
             w.writerow(row)

@@ -311,3 +311,22 @@ def test_a_run_removes_the_temporaries_of_killed_writers_and_keeps_live_ones(tmp
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_log_resumed_across_a_change_of_columns_keeps_every_value(tmp_path):
+    """log.csv written with a column the current loop no longer logs (or without one it now logs): the rows
+    appended on resume line up under one header and no old value is dropped."""
+    import csv
+
+    from depthpack.train.log import RunLog
+
+    (tmp_path / "log.csv").write_text("step,loss,distill,lr\n10,0.5,0.1,0.001\n20,0.4,0.2,0.001\n")
+    log = RunLog(tmp_path, start_step=20, enabled=True)
+    log.log({"step": 30, "loss": 0.3, "lr": 0.001, "q": 64})
+    log.log({"step": 40, "loss": 0.2, "lr": 0.001, "q": 32})
+    with open(tmp_path / "log.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows] == ["10", "20", "30", "40"]
+    assert [r["distill"] for r in rows] == ["0.1", "0.2", "", ""] and [r["q"] for r in rows] == ["", "", "64", "32"]
+    assert all(None not in r for r in rows)
+    assert log.logged(40) == {"loss": 0.2, "lr": 0.001, "q": 32.0}  # a column the row lacks is not a number
