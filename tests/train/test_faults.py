@@ -155,7 +155,10 @@ def test_ctrl_c_stops_as_a_kill_does_with_one_line(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "depthpack.train", "--config", str(TINY), f"out_dir={run}", *FAST,
                              "steps=100000", "threads=1", "data.num_samples=16"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a shell's background job (`.ci/run &`) ignores SIGINT, and a child inherits that:
+                            # give the run what a terminal gives it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300  # a loaded 2-core machine takes a while to import torch
     while time.time() < deadline and proc.poll() is None:  # training, past its first checkpoint
         if (run / "log.csv").is_file() and len(_rows(run / "log.csv")) >= 4:
