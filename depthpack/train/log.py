@@ -35,6 +35,7 @@ class RunLog:
         self.path = out_dir / "log.csv"
         self.eval_path = out_dir / "eval.csv"
         self.tb = self.bar = None
+        self._fields: dict[Path, list[str]] = {}  # each CSV's header, read once: not on every row
         if not enabled:
             return
         for path in (self.path, self.eval_path):
@@ -85,12 +86,13 @@ class RunLog:
                         return None
         return None
 
-    def _append(self, path: Path, row: dict[str, Any]) -> None:
+    def _header(self, path: Path, row: dict[str, Any]) -> list[str]:
+        """The columns of path's rows: its header, with row's new columns joined (a run resumed across a change
+        of the columns: the old rows are rewritten under the wider header, no value dropped)."""
         fields = list(row)
         if path.is_file() and path.stat().st_size > 0:
             with open(path, newline="") as f:
                 header = next(csv.reader(f), [])
-            # resumed across a change of the columns: the new ones join the header, none is dropped
             fields = header if set(row) <= set(header) else fields + [h for h in header if h not in row]
             if fields != header:
                 with open(path, newline="") as f:
@@ -100,6 +102,12 @@ class RunLog:
                 w.writeheader()
                 w.writerows(old)
                 atomic_write_text(path, buf.getvalue())
+        return fields
+
+    def _append(self, path: Path, row: dict[str, Any]) -> None:
+        fields = self._fields.get(path)
+        if fields is None or not set(row) <= set(fields):
+            fields = self._fields[path] = self._header(path, row)
         new = not path.is_file() or path.stat().st_size == 0
         with open(path, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields, restval="", lineterminator="\n")
