@@ -10,6 +10,10 @@ A Recipe is a set of measured winners (docs/performance.md has each one's figure
     gelu_epilogue  fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue (tanh GELU)
     blocks         "hybrid": attention + projection + residual and fc2 + residual as two Triton kernels a
                    block (kernels.vit_block), the rest left to Inductor and cuBLAS; "timm": timm's blocks
+    fold_input     the input normalization folded into the patch-embedding weights at deploy time, K padded to
+                   a multiple of 8 (DepthPack.fold_input_): no pass over the whole image, aligned GEMMs
+    attention      timm blocks' attention kernel: "sdpa" (F.scaled_dot_product_attention, torch's choice),
+                   "cudnn" (cuDNN's fused attention), "flex" (FlexAttention, a Triton kernel Inductor makes)
 The hybrid blocks win at batch 1 and lose at batch 8 (docs/performance.md), so the recipe depends on the batch.
 On a CPU the recipe is the reference: nothing was measured to beat it there.
 """
@@ -20,6 +24,7 @@ from typing import Any
 
 SELECTIONS = ("topk", "count")
 BLOCKS = ("timm", "hybrid")
+ATTENTIONS = ("sdpa", "cudnn", "flex")
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class Recipe:
     selection: str = "topk"
     gelu_epilogue: bool = False
     blocks: str = "timm"
+    attention: str = "sdpa"
+    fold_input: bool = False
     inductor: tuple[tuple[str, Any], ...] = ()  # Inductor options as (name, value) pairs
 
     def __post_init__(self) -> None:
@@ -36,11 +43,14 @@ class Recipe:
             raise ValueError(f"recipe selection {self.selection!r}: choose one of {', '.join(SELECTIONS)}")
         if self.blocks not in BLOCKS:
             raise ValueError(f"recipe blocks {self.blocks!r}: choose one of {', '.join(BLOCKS)}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"recipe attention {self.attention!r}: choose one of {', '.join(ATTENTIONS)}")
 
     @property
     def kernels(self) -> dict[str, Any]:
         """What the model itself runs (the rest is how the runtime compiles and replays it)."""
-        return dict(selection=self.selection, gelu_epilogue=self.gelu_epilogue, blocks=self.blocks)
+        return dict(selection=self.selection, gelu_epilogue=self.gelu_epilogue, blocks=self.blocks,
+                    attention=self.attention, fold_input=self.fold_input)
 
     def describe(self) -> dict[str, Any]:
         return dict(compile=self.compile, graph=self.graph, **self.kernels, inductor=dict(self.inductor))
@@ -54,7 +64,7 @@ def fast_recipe(device: Any, batch: int = 1) -> Recipe:
     kind = getattr(device, "type", str(device).split(":")[0])
     if kind != "cuda":
         return REFERENCE
-    return Recipe(compile=True, graph=True, selection="count", gelu_epilogue=True,
+    return Recipe(compile=True, graph=True, selection="count", gelu_epilogue=True, fold_input=True,
                   blocks="hybrid" if batch == 1 else "timm", inductor=(("combo_kernels", True),))
 
 

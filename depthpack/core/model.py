@@ -140,6 +140,7 @@ class DepthPack(nn.Module):
         # by model.to(bf16), distinct values would tie, and topk on ties is kernel-dependent
         self.register_buffer("spread_rank", spread_rank(gh, gw), persistent=False)
         self.register_buffer("spread_order", torch.argsort(self.spread_rank, descending=True), persistent=False)
+        self.folded_embedding: nn.ParameterList | None = None  # fold_input_: (weight, bias) over raw pixels
         self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
         self.recipe = REFERENCE  # the kernels the forward runs (core.fast); deployed() sets another
 
@@ -153,6 +154,8 @@ class DepthPack(nn.Module):
             for blk in self.backbone.blocks:
                 block_weights(blk)
         model = copy.deepcopy(self).to(device=device)
+        if recipe.fold_input:
+            model.fold_input_()
         if dtype is not None:
             model = model.to(dtype)  # selection ranks and offset frequencies stay exact (integer buffers)
         model.recipe = recipe
@@ -167,6 +170,26 @@ class DepthPack(nn.Module):
         # float RGB [0,1] (any float dtype) -> normalized, in the model's dtype
         return (images.to(self.mean.dtype) - self.mean) / self.std
 
+    def embedding_input(self, images: torch.Tensor) -> torch.Tensor:
+        """What the patch embedding reads: the normalized images, or with the normalization folded into its
+        weights (fold_input_) the images themselves, [0,1], in their own dtype."""
+        return images if self.folded_embedding is not None else self.normalize(images)
+
+    @torch.no_grad()
+    def fold_input_(self) -> None:
+        """Fold the input normalization into the patch embedding (the recipe's fold_input), in place: the
+        embedding of a raw patch v is W' v + b' with W' = W / std and b' = b - W' mean, computed in float32,
+        and K padded with zero columns to a multiple of 8 so the GEMM gets cuBLAS's 16-byte-aligned kernels
+        (3 * 14 * 14 = 588 does not). Every pooling before the embedding is an average, so it commutes."""
+        proj = self.backbone.patch_embed.proj
+        D, C, p, _ = proj.weight.shape
+        w = proj.weight.float().reshape(D, C, p * p) / self.std.float().view(1, C, 1)
+        b = proj.bias.float() - (w * self.mean.float().view(1, C, 1)).sum((1, 2))
+        k = C * p * p
+        w = F.pad(w.reshape(D, k), (0, -k % 8))
+        self.folded_embedding = nn.ParameterList([nn.Parameter(w.to(proj.weight.dtype), requires_grad=False),
+                                                  nn.Parameter(b.to(proj.bias.dtype), requires_grad=False)])
+
     def patch_pos(self, gh: int, gw: int) -> torch.Tensor:
         # [1,N,D] position embeddings of the patch grid (resampled if the image size differs)
         pos = self.backbone.pos_embed[:, 1:]
@@ -175,9 +198,20 @@ class DepthPack(nn.Module):
         return pos
 
     def patch_linear(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """timm's patch-embedding Conv2d(3, D, p, stride p) as a Linear over (c, i, j): ([D,3pp], [D])."""
+        """timm's patch-embedding Conv2d(3, D, p, stride p) as a Linear over (c, i, j): ([D,3pp], [D])
+        (folded: ([D,K], [D]), K = 3pp padded to a multiple of 8, over raw pixels; fold_input_)."""
+        if self.folded_embedding is not None:
+            return self.folded_embedding[0], self.folded_embedding[1]
         proj = self.backbone.patch_embed.proj
         return proj.weight.reshape(proj.weight.shape[0], -1), proj.bias
+
+    def embed(self, vectors: torch.Tensor) -> torch.Tensor:
+        """Patch vectors [...,3pp] (patchify of embedding_input) -> patch embeddings [...,D], before position."""
+        weight, bias = self.patch_linear()
+        k = weight.shape[-1]
+        if vectors.shape[-1] != k:  # the folded weights' zero columns
+            vectors = F.pad(vectors, (0, k - vectors.shape[-1]))
+        return F.linear(vectors.to(weight.dtype), weight, bias)
 
     def embed_patches(self, x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
         """Patch-embed only the selected patches. x [B,3,H,W] normalized, index [B,S] (None: every
@@ -187,10 +221,9 @@ class DepthPack(nn.Module):
         gh, gw = H // p, W // p
         if index is None:
             index = torch.arange(gh * gw, device=x.device).expand(B, gh * gw)
-        weight, bias = self.patch_linear()
         patches = patchify(x, p)  # [B,N,3pp]
         picked = torch.gather(patches, 1, index.unsqueeze(-1).expand(-1, -1, C * p * p))  # [B,S,3pp]
-        tok = F.linear(picked, weight, bias)
+        tok = self.embed(picked)
         pos = self.patch_pos(gh, gw).expand(B, -1, -1)
         return tok + torch.gather(pos, 1, index.unsqueeze(-1).expand(-1, -1, pos.shape[-1]))
 
@@ -199,7 +232,6 @@ class DepthPack(nn.Module):
         B, cfg = x.shape[0], self.cfg
         if not (self.use_anchors and cfg.num_anchors):
             return x.new_zeros(B, 0, cfg.embed_dim)
-        weight, bias = self.patch_linear()
         p = cfg.patch_size
         if cfg.context == "pooled":  # every patch embedded (no blocks), then averaged over each region
             gh, gw = self.grid_of(x)
@@ -210,7 +242,7 @@ class DepthPack(nn.Module):
             thumb = F.interpolate(x, size=(rh * p, rw * p), mode="area")
             pos = resample_abs_pos_embed(self.patch_pos(*self.grid_of(x)), new_size=(rh, rw),
                                          old_size=self.grid_of(x), num_prefix_tokens=0)  # at each region's centre
-            return F.linear(patchify(thumb, p), weight, bias) + pos + self.anchor_scale
+            return self.embed(patchify(thumb, p)) + pos + self.anchor_scale
         g = cfg.anchor_grid
         side = g * p
         kh, kw = max(1, x.shape[-2] // side), max(1, x.shape[-1] // side)
@@ -218,7 +250,7 @@ class DepthPack(nn.Module):
         if thumb.shape[-2:] != (side, side):
             thumb = F.interpolate(thumb, size=(side, side), mode="bilinear", align_corners=False)
         # the patch-embedding conv as a GEMM over the thumbnail's patches (cuDNN's conv is slow at this shape)
-        return F.linear(patchify(thumb, p), weight, bias) + self.anchor_pos
+        return self.embed(patchify(thumb, p)) + self.anchor_pos
 
     def prefix(self, x: torch.Tensor) -> torch.Tensor:
         # cls (+ its position), registers, anchors: [B, num_prefix, D]
@@ -236,7 +268,7 @@ class DepthPack(nn.Module):
             return self.backbone.norm(hybrid_blocks(self.backbone.blocks, tokens, r.gelu_epilogue))
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
-            x = block_forward(blk, x, attn_mask, r.gelu_epilogue)
+            x = block_forward(blk, x, attn_mask, r.gelu_epilogue, r.attention)
         return self.backbone.norm(x)
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
@@ -276,7 +308,7 @@ class DepthPack(nn.Module):
         """images [B,3,H,W] in [0,1] -> features [B,S,D] of the patches in index (None: all N, row-major),
         after the prefix (cls, registers, anchors) + those patches ran through the blocks (attn_mask over
         every key)."""
-        x = self.normalize(images)
+        x = self.embedding_input(images)
         pre = self.prefix(x)  # [B,P,D]
         tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,P+S,D]
         return self.run_blocks(tokens, attn_mask)[:, pre.shape[1]:]
@@ -354,14 +386,36 @@ class DepthPack(nn.Module):
         return depth.view(B, gh, p, gw, p).reshape(B, H, W)
 
 
-def block_forward(blk, x: torch.Tensor, attn_mask: torch.Tensor | None = None, gelu_epilogue: bool = False) -> torch.Tensor:
+def attention_forward(attn, x: torch.Tensor, attn_mask: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """timm's Attention, x [B,S,D] -> [B,S,D], with the recipe's attention kernel (core.fast: sdpa, cudnn, flex)."""
+    if kind == "sdpa":
+        return attn(x, attn_mask=attn_mask)
+    B, S, D = x.shape
+    q, k, v = attn.qkv(x).reshape(B, S, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if attn_mask is not None or getattr(attn, "gate", None) is not None:
+        raise ValueError(f"recipe attention {kind!r} takes no mask and no gate: the masked path runs attention 'sdpa'")
+    if kind == "cudnn":
+        o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, scale=attn.scale)[0]
+    else:
+        from torch.nn.attention.flex_attention import flex_attention
+        o = flex_attention(q, k, v, scale=attn.scale)
+    return attn.proj_drop(attn.proj(attn.norm(o.transpose(1, 2).reshape(B, S, attn.num_heads * attn.head_dim))))
+
+
+def block_forward(blk, x: torch.Tensor, attn_mask: torch.Tensor | None = None, gelu_epilogue: bool = False,
+                  attention: str = "sdpa") -> torch.Tensor:
     """timm's Block, x [B,S,D] -> [B,S,D]; gelu_epilogue: fc1 + bias + GELU as one GEMM with cuBLASLt's
-    epilogue (torch._addmm_activation; its tanh GELU, within bf16 rounding of timm's exact one)."""
-    if not gelu_epilogue:
+    epilogue (torch._addmm_activation; its tanh GELU, within bf16 rounding of timm's exact one);
+    attention: the kernel of its attention (attention_forward)."""
+    if not gelu_epilogue and attention == "sdpa":
         return blk(x, attn_mask=attn_mask)
-    x = x + blk.drop_path1(blk.ls1(blk.attn(blk.norm1(x), attn_mask=attn_mask)))
+    x = x + blk.drop_path1(blk.ls1(attention_forward(blk.attn, blk.norm1(x), attn_mask, attention)))
     mlp, h = blk.mlp, blk.norm2(x)
-    h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
+    if gelu_epilogue:
+        h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
+    else:
+        h = mlp.act(mlp.fc1(h))
     h = mlp.fc2(mlp.norm(mlp.drop1(h))).reshape(x.shape)
     return x + blk.drop_path2(blk.ls2(mlp.drop2(h)))
 

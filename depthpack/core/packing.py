@@ -147,11 +147,12 @@ def _count_select(level: torch.Tensor, order: torch.Tensor, slots: int) -> torch
     priority levels 1..3). -> index [B,S], in (level, rank) order."""
     B, n = level.shape
     lv = level[:, order].long()  # [B,N]
-    onehot = torch.nn.functional.one_hot(lv, 3)  # [B,N,3]
-    before = torch.cumsum(onehot, dim=1) - onehot  # same-level patches ahead, per level
-    total = onehot.sum(1, keepdim=True)  # [B,1,3]
-    higher = torch.stack([total[..., 1] + total[..., 2], total[..., 2], torch.zeros_like(total[..., 0])], -1)
-    place = (torch.gather(before + higher, 2, lv.unsqueeze(-1))).squeeze(-1)  # [B,N] distinct in [0, N)
+    # [B,3,N]: the scans run along contiguous rows (one short persistent kernel, not a strided scan)
+    onehot = (lv.unsqueeze(1) == torch.arange(3, device=level.device).view(1, 3, 1)).long()
+    before = torch.cumsum(onehot, dim=2) - onehot  # same-level patches ahead, per level
+    total = onehot.sum(2)  # [B,3]
+    higher = torch.stack([total[:, 1] + total[:, 2], total[:, 2], torch.zeros_like(total[:, 0])], 1)  # [B,3]
+    place = torch.gather(before + higher.unsqueeze(-1), 1, lv.unsqueeze(1)).squeeze(1)  # [B,N] distinct in [0, N)
     place = torch.where(place < slots, place, torch.full_like(place, slots))  # the rest to a spare slot
     index = torch.zeros(B, slots + 1, dtype=torch.long, device=level.device)
     index = index.scatter(1, place, order.expand(B, n))

@@ -65,7 +65,7 @@ def context_diagnostic(model, dataset, q: int, points_for, max_images: int = 32,
         with torch.inference_mode():
             index, _ = model.select(images, points, k)
             grid = model.grid_of(images)
-            x = model.normalize(images)
+            x = model.embedding_input(images)
             pre = model.prefix(x)
             P = pre.shape[1]
             tokens = model.backbone.norm_pre(torch.cat([pre, model.embed_patches(x, None)], dim=1))

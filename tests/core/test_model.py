@@ -307,7 +307,8 @@ def test_head_position_term_keeps_the_paths_equal():
 
 
 @pytest.mark.parametrize("kernels,tol", [({"selection": "count"}, 1e-5), ({"gelu_epilogue": True}, 2e-3),
-                                         ({"selection": "count", "gelu_epilogue": True}, 2e-3)])
+                                         ({"selection": "count", "gelu_epilogue": True}, 2e-3),
+                                         ({"fold_input": True}, 1e-5)])
 def test_recipe_kernels_equal_the_plain_path(tiny, kernels, tol):
     """Each kernel of the fast recipe computes the plain path's function on fresh random inputs: the counting
     selection exactly the same set (float32 rounding in attention's key order), the GELU epilogue within
@@ -315,7 +316,8 @@ def test_recipe_kernels_equal_the_plain_path(tiny, kernels, tol):
     from depthpack.core.fast import Recipe
 
     fast = tiny.deployed(Recipe(**kernels))
-    assert set(fast.state_dict()) == set(tiny.state_dict()) and tiny.recipe == Recipe()
+    folded = {"folded_embedding.0", "folded_embedding.1"} if kernels.get("fold_input") else set()
+    assert set(fast.state_dict()) == set(tiny.state_dict()) | folded and tiny.recipe == Recipe()
     for seed in range(3):
         img, pts = rand_inputs(40 + seed, 2, 37)
         with torch.no_grad():
@@ -323,6 +325,26 @@ def test_recipe_kernels_equal_the_plain_path(tiny, kernels, tol):
             torch.testing.assert_close(fast.forward_dense(img, pts), tiny.forward_dense(img, pts), rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="recipe selection 'sort'"):
         Recipe(selection="sort")
+
+
+@pytest.mark.parametrize("over", [dict(), dict(context="glance", glance_grid=(4, 4)), dict(context="pooled", glance_grid=(2, 4))])
+def test_folded_input_normalization_is_the_same_embedding(over):
+    """fold_input: the normalization folded into the patch embedding, K padded with zero columns to a multiple
+    of 8 (3 * 14 * 14 = 588 -> 592 for vits), reads raw pixels and gives the normalized path's tokens in every
+    context (each pools by averaging, which commutes with the per-channel affine normalization)."""
+    from depthpack.core.fast import Recipe
+
+    m = randomize_(create_model("tiny", **over), seed=3).eval()
+    fast = m.deployed(Recipe(fold_input=True))
+    img = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert fast.embedding_input(img) is img
+        torch.testing.assert_close(fast.anchors(img), m.anchors(m.normalize(img)), rtol=1e-5, atol=1e-5)
+        index = torch.randperm(64, generator=torch.Generator().manual_seed(6))[:16].expand(2, 16)
+        torch.testing.assert_close(fast.embed_patches(img, index), m.embed_patches(m.normalize(img), index),
+                                   rtol=1e-5, atol=1e-5)
+    w, _ = create_model("vits").deployed(Recipe(fold_input=True)).patch_linear()
+    assert w.shape == (384, 592) and w[:, 588:].abs().max() == 0
 
 
 CONTEXTS = [dict(context="glance", glance_grid=(4, 4)), dict(context="pooled", glance_grid=(2, 4)),
