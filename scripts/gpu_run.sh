@@ -7,13 +7,14 @@
 #   tests   every GPU test (pytest -m gpu)
 #   bench   the benchmark at B1 Q256 and B8 Q512 (vits bf16): the default Predictor beside the best rows the
 #           ladder can make, the baselines, camera frames from the host; then a B16 Q256 point
-#   cpp     a vits bf16 export with the default recipe, checked and timed by the C++ runner (B1 and B8)
+#   roofline  the per-kernel roofline of the default Predictor's B8 Q512 forward (depthpack.bench.roofline)
+#   cpp     a vits bf16 export with the default recipe, checked and timed by the C++ runner (CPP_POINTS, BxQ)
 #   bag     python -m depthpack.bag run over a synthetic recording with the default Predictor: per-frame latency
 # $OUT gets run.log (the summary, also printed) and results.tgz (every table, log and figure).
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_run}
 PY=${PY:-python3}
-STEPS=${STEPS:-build tests bench cpp bag}
+STEPS=${STEPS:-build tests bench roofline cpp bag}
 W=$(mktemp -d /tmp/gpu_run.XXXX)
 CACHE=$W/cache  # one compile cache for every step
 mkdir -p "$OUT" "$W/logs"
@@ -59,24 +60,33 @@ fi
 if has bench; then
   step "benchmark: vits bf16, B1 Q256 and B8 Q512"
   timeout "${BENCH_S:-240}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 1x256,8x512 \
-    --rows ${BENCH_ROWS:-fast,fast@frames,masked-graph,dense-graph,packed-graph,packed-compile+graph,+count-selection,+gelu-epilogue,+combo-kernels,+hybrid-blocks} \
+    --rows ${BENCH_ROWS:-fast,fast@frames,masked-graph,dense-graph,dense-fast,packed-graph,packed-compile+graph,+count-selection,+gelu-epilogue,+combo-kernels,+hybrid-blocks} \
     --seconds 0.3 --repeats 3 --cache-dir "$CACHE" --out "$W/bench" >"$W/logs/bench.log" 2>&1
   echo "bench exit $?" | tee -a "$LOG"
   grep -E "^\| vits|^\| point|^\| .* B[0-9]+ Q|failed" "$W/bench/bench.md" 2>/dev/null | cut -c1-240 | tee -a "$LOG"
   if [ "${BENCH16:-1}" = 1 ]; then
     step "benchmark: B16 Q256 (the trend)"
-    timeout "${BENCH16_S:-90}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 16x256 --rows fast,masked-graph \
+    timeout "${BENCH16_S:-90}" $PY -m depthpack.bench --preset vits --dtype bfloat16 --pairs 16x256 --rows fast,dense-fast \
       --seconds 0.3 --repeats 2 --cache-dir "$CACHE" --out "$W/bench16" >"$W/logs/bench16.log" 2>&1
     echo "bench16 exit $?" | tee -a "$LOG"
     grep -E "^\| vits" "$W/bench16/bench.md" 2>/dev/null | cut -c1-200 | tee -a "$LOG"
   fi
 fi
 
+if has roofline; then
+  step "roofline: vits bf16 B8 Q512, the default Predictor"
+  timeout "${ROOFLINE_S:-120}" $PY -m depthpack.bench.roofline --preset vits --batch 8 --queries 512 --out "$W/roofline" \
+    >"$W/logs/roofline.log" 2>&1
+  echo "roofline exit $?" | tee -a "$LOG"
+  grep -E "^Ceilings|^\| (gemm|attention|triton|select|layernorm)" "$W/roofline/roofline.md" 2>/dev/null | cut -c1-300 | tee -a "$LOG"
+fi
+
 if has cpp; then
   runner
-  for b in 1 8; do
-    step "export vits (default recipe, batch $b, bucket 256) and the C++ runner's check and latency"
-    timeout "${EXPORT_S:-200}" $PY -m depthpack.export --preset vits --device cuda --batch $b --buckets 256 \
+  for bq in ${CPP_POINTS:-1x256 8x512}; do
+    b=${bq%x*} k=${bq#*x}
+    step "export vits (default recipe, batch $b, bucket $k) and the C++ runner's check and latency"
+    timeout "${EXPORT_S:-200}" $PY -m depthpack.export --preset vits --device cuda --batch $b --buckets $k \
       --out "$W/export_b$b" >"$W/logs/export_b$b.log" 2>&1
     echo "export exit $?: $(grep -v -e DEBUG -e '%|' "$W/logs/export_b$b.log" | tail -1 | cut -c1-300)" | tee -a "$LOG"
     [ -n "${DEPTHPACK_RUN:-}" ] && [ -f "$W/export_b$b/manifest.json" ] && timeout 90 "$DEPTHPACK_RUN" \
