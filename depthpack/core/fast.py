@@ -12,8 +12,6 @@ A Recipe is a set of measured winners (docs/performance.md has each one's figure
                    block (kernels.vit_block), the rest left to Inductor and cuBLAS; "timm": timm's blocks
     fold_input     the input normalization folded into the patch-embedding weights at deploy time, K padded to
                    a multiple of 8 (DepthPack.fold_input_): no pass over the whole image, aligned GEMMs
-    attention      timm blocks' attention kernel: "sdpa" (F.scaled_dot_product_attention, torch's choice),
-                   "cudnn" (cuDNN's fused attention), "flex" (FlexAttention, a Triton kernel Inductor makes)
 The hybrid blocks win at batch 1 and lose at batch 8 (docs/performance.md), so the recipe depends on the batch.
 On a CPU the recipe is the reference: nothing was measured to beat it there.
 """
@@ -24,7 +22,6 @@ from typing import Any
 
 SELECTIONS = ("topk", "count")
 BLOCKS = ("timm", "hybrid")
-ATTENTIONS = ("sdpa", "cudnn", "flex")
 
 
 @dataclass(frozen=True)
@@ -34,7 +31,6 @@ class Recipe:
     selection: str = "topk"
     gelu_epilogue: bool = False
     blocks: str = "timm"
-    attention: str = "sdpa"
     fold_input: bool = False
     inductor: tuple[tuple[str, Any], ...] = ()  # Inductor options as (name, value) pairs
 
@@ -43,14 +39,12 @@ class Recipe:
             raise ValueError(f"recipe selection {self.selection!r}: choose one of {', '.join(SELECTIONS)}")
         if self.blocks not in BLOCKS:
             raise ValueError(f"recipe blocks {self.blocks!r}: choose one of {', '.join(BLOCKS)}")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"recipe attention {self.attention!r}: choose one of {', '.join(ATTENTIONS)}")
 
     @property
     def kernels(self) -> dict[str, Any]:
         """What the model itself runs (the rest is how the runtime compiles and replays it)."""
         return dict(selection=self.selection, gelu_epilogue=self.gelu_epilogue, blocks=self.blocks,
-                    attention=self.attention, fold_input=self.fold_input)
+                    fold_input=self.fold_input)
 
     def describe(self) -> dict[str, Any]:
         return dict(compile=self.compile, graph=self.graph, **self.kernels, inductor=dict(self.inductor))

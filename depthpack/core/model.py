@@ -268,7 +268,7 @@ class DepthPack(nn.Module):
             return self.backbone.norm(hybrid_blocks(self.backbone.blocks, tokens, r.gelu_epilogue))
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
-            x = block_forward(blk, x, attn_mask, r.gelu_epilogue, r.attention)
+            x = block_forward(blk, x, attn_mask, r.gelu_epilogue)
         return self.backbone.norm(x)
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
@@ -386,36 +386,14 @@ class DepthPack(nn.Module):
         return depth.view(B, gh, p, gw, p).reshape(B, H, W)
 
 
-def attention_forward(attn, x: torch.Tensor, attn_mask: torch.Tensor | None, kind: str) -> torch.Tensor:
-    """timm's Attention, x [B,S,D] -> [B,S,D], with the recipe's attention kernel (core.fast: sdpa, cudnn, flex)."""
-    if kind == "sdpa":
-        return attn(x, attn_mask=attn_mask)
-    B, S, D = x.shape
-    q, k, v = attn.qkv(x).reshape(B, S, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if attn_mask is not None or getattr(attn, "gate", None) is not None:
-        raise ValueError(f"recipe attention {kind!r} takes no mask and no gate: the masked path runs attention 'sdpa'")
-    if kind == "cudnn":
-        o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, scale=attn.scale)[0]
-    else:
-        from torch.nn.attention.flex_attention import flex_attention
-        o = flex_attention(q, k, v, scale=attn.scale)
-    return attn.proj_drop(attn.proj(attn.norm(o.transpose(1, 2).reshape(B, S, attn.num_heads * attn.head_dim))))
-
-
-def block_forward(blk, x: torch.Tensor, attn_mask: torch.Tensor | None = None, gelu_epilogue: bool = False,
-                  attention: str = "sdpa") -> torch.Tensor:
+def block_forward(blk, x: torch.Tensor, attn_mask: torch.Tensor | None = None, gelu_epilogue: bool = False) -> torch.Tensor:
     """timm's Block, x [B,S,D] -> [B,S,D]; gelu_epilogue: fc1 + bias + GELU as one GEMM with cuBLASLt's
-    epilogue (torch._addmm_activation; its tanh GELU, within bf16 rounding of timm's exact one);
-    attention: the kernel of its attention (attention_forward)."""
-    if not gelu_epilogue and attention == "sdpa":
+    epilogue (torch._addmm_activation; its tanh GELU, within bf16 rounding of timm's exact one)."""
+    if not gelu_epilogue:
         return blk(x, attn_mask=attn_mask)
-    x = x + blk.drop_path1(blk.ls1(attention_forward(blk.attn, blk.norm1(x), attn_mask, attention)))
+    x = x + blk.drop_path1(blk.ls1(blk.attn(blk.norm1(x), attn_mask=attn_mask)))
     mlp, h = blk.mlp, blk.norm2(x)
-    if gelu_epilogue:
-        h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
-    else:
-        h = mlp.act(mlp.fc1(h))
+    h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
     h = mlp.fc2(mlp.norm(mlp.drop1(h))).reshape(x.shape)
     return x + blk.drop_path2(blk.ls2(mlp.drop2(h)))
 
