@@ -1,6 +1,7 @@
 """Recipe variants of the default Predictor's forward on the GPU, each timed as the benchmark does.
 
     OUT=DIR python3 scripts/gpu_recipe_variants.py [BxQ:variant,variant ...]   # default: 8x512:fast,no-fold
+    OUT=DIR python3 scripts/gpu_recipe_variants.py 1x256:interleaved,fast,no-fold  # alternating spells
 
 A variant is the fast recipe of its batch with one change (VARIANTS); each is compiled, captured and timed
 (call + sync median and p90, back-to-back), its kernels counted, its output compared with the first
@@ -109,6 +110,30 @@ def variants(names, B=8, Q=512):
             log(f"variant_{name}_B{B}Q{Q}", dict(error=f"{type(e).__name__}: {str(e)[:400]}"))
 
 
+def interleaved(names, B, Q, rounds=6):
+    """Two or more variants timed in alternating spells (A B A B ...), so that drift of the machine's state
+    falls on all alike: per variant the median over rounds of each spell's call + sync and back-to-back medians."""
+    torch.manual_seed(0)
+    model = create_model("vits").eval()
+    H, W = model.cfg.img_size
+    sets = inputs(B, Q, H, W)
+    preds = {}
+    for name in names:
+        pred = Predictor(model, device=dev, dtype=torch.bfloat16, fast=replace(fast_recipe(dev, B), **VARIANTS[name]),
+                         batch_size=B, validate=False)
+        pred.warmup(buckets=(pred.bucket_for(Q),))
+        preds[name] = pred
+    spells = {n: dict(call=[], b2b=[]) for n in names}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for n, pred in preds.items():
+                row = time_row(pred.predict, sets)
+                spells[n]["call"].append(row["median_ms"])
+                spells[n]["b2b"].append(row["b2b_ms"])
+    log(f"interleaved_B{B}Q{Q}", {n: dict(call_ms=statistics.median(v["call"]), b2b_ms=statistics.median(v["b2b"]),
+                                          call_spells=v["call"], b2b_spells=v["b2b"]) for n, v in spells.items()})
+
+
 def trace(pred, inp, tag):
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
@@ -159,6 +184,9 @@ if __name__ == "__main__":
         point, names = spec.split(":")
         b, q = (int(v) for v in point.split("x"))
         names = names.split(",")
+        if names[0] == "interleaved":
+            interleaved(names[1:], b, q)
+            continue
         if "dense" in names:
             names.remove("dense")
             dense(["fast"], B=b)

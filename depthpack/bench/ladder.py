@@ -79,6 +79,8 @@ def _kernel_steps(base: Row) -> tuple[Row, ...]:
     for name, what, change in (("count-selection", "token selection by counting instead of topk", {"selection": "count"}),
                                ("gelu-epilogue", "fc1 + bias + GELU in one cuBLASLt GEMM", {"gelu_epilogue": True}),
                                ("combo-kernels", "Inductor combo kernels (horizontal fusion)", {"inductor": fast.inductor}),
+                               ("fold-input", "input normalization folded into the patch embedding, K padded to a "
+                                "multiple of 8", {"fold_input": True}),
                                ("hybrid-blocks", "attention+proj+residual and fc2+residual as 2 Triton kernels a block",
                                 {"blocks": "hybrid"})):
         prev = step(prev, f"+{name}", what, default=False, recipe=replace(prev.recipe, **change))
