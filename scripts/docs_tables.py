@@ -129,10 +129,10 @@ def block_readme_latency() -> list[str]:
 
 def block_h200_cpp() -> list[str]:
     data = load("h200_cpp.json")
-    rows = [[r["what"], r["package"], ms(r["median_ms"]), ms(r.get("p90_ms")), ms(r.get("read_median_ms")),
-             f"`{r['commit']}`"] for r in data["results"]]
+    rows = [[r["what"], r["package"], f"B{r['batch']} bucket {r['bucket']}", ms(r["median_ms"]), ms(r.get("p90_ms")),
+             ms(r.get("read_median_ms")), f"`{r['commit']}`"] for r in data["results"]]
     return [f"{hardware(data['info'])}; {data['what']}.", ""] + table(
-        ["what is timed", "package", "median ms", "p90 ms", "with the frame's read, median ms", "commit"], rows)
+        ["what is timed", "package", "batch", "median ms", "p90 ms", "with the frame's read, median ms", "commit"], rows)
 
 
 def block_h200_compile() -> list[str]:
@@ -155,6 +155,35 @@ def block_h200_profile() -> list[str]:
     rows.append(["graph replay, whole forward", f"{1e3 * prof['graph_replay_ms']:.1f}"])
     return [f"{hardware(data['info'])}, commit `{data['info']['commit']}`: {data['what']}; {prof['backend']}, "
             f"{prof['kernels_per_call']} kernels per call.", ""] + table(["kernels", "busy us"], rows)
+
+
+def block_h200_roofline() -> list[str]:
+    r = load("h200_roofline.json")
+    c = r["ceilings"]
+    lines = [f"NVIDIA H200, torch {r['torch']}, commit `{r['commit']}`: {r['what']}. Ceilings measured in the run: "
+             f"{c['gemm_tflops']:.0f} TFLOP/s (bf16 GEMM 8192^3), {c['copy_gb_s']:.0f} GB/s (copy, read + write). "
+             f"{r['kernels_per_forward']:.0f} kernels busy {r['busy_us']:.0f} us per forward against a floor of "
+             f"{r['floor_us']:.0f} us at the ceilings ({100 * r['roof']:.0f}%); graph replay back-to-back "
+             f"{1e3 * r['back_to_back_ms']:.0f} us, one call + sync {1e3 * r['latency_ms']:.0f} us.", ""]
+    lines += table(["category", "us per forward", "share", "launches", "GFLOP", "MB", "floor us", "roof"],
+                   [[k, f"{v['us']:.1f}", f"{100 * v['share']:.0f}%", f"{v['launches']:.0f}", f"{v['gflop']:.1f}", f"{v['mb']:.0f}",
+                     f"{v['floor_us']:.1f}", f"{100 * v['roof']:.0f}%"] for k, v in sorted(r["categories"].items(), key=lambda kv: -kv[1]["us"])])
+    rows = []
+    for k in r["kernels"][:12]:
+        shapes = ", ".join("x".join(map(str, s)) for s in k["shapes"][:3] if isinstance(s, list) and s)
+        rows.append([f"`{k['kernel'][:48]}`", f"{k['op'] or 'Triton'} {shapes}", f"{k['launches']:.0f}", f"{k['us']:.1f}",
+                     f"{100 * k['share']:.1f}%", f"{k['tflops']:.0f}" if k["gflop"] else "", f"{k['gb_s']:.0f}", k["bound"],
+                     f"{100 * k['roof']:.0f}%"])
+    return lines + [""] + table(["kernel", "op, shapes", "launches", "us", "share", "TFLOP/s", "GB/s", "bound", "roof"], rows)
+
+
+def block_h200_fold_ab() -> list[str]:
+    d = load("h200_b8_variants.json")
+    rows = [r for r in d["rows"] if r["run"] == 3]
+    return table(["point", "variant", "call + sync ms", "back-to-back ms", "spells (call)", "spells (back-to-back)"],
+                 [[r["point"], r["variant"], f"{r['median_ms']:.3f}", f"{r['b2b_ms']:.4f}",
+                   " ".join(f"{v:.3f}" for v in r["call_spells"]), " ".join(f"{v:.4f}" for v in r["b2b_spells"])]
+                  for r in rows])
 
 
 def block_dropped() -> list[str]:
@@ -323,6 +352,21 @@ def block_orin_calibration() -> list[str]:
         f"not used). target_eff per corner, with / without DA3's aux head / fitting the cross-check: "
         + "; ".join(f"{c} {v['with_da3_aux']:.3f} / {v['without_da3_aux']:.3f} / {v['cross_check']:.3f}"
                     for c, v in corners.items()) + "."]
+
+
+def block_orin_batch8() -> list[str]:
+    rep = load("orin.json")
+    bench = {(r["row"], r["batch"], r["queries"]): r for r in load("h200_bench.json")["results"] if "error" not in r}
+    measured = {"packed": bench.get(("fast", 8, 512)), "dense": bench.get(("dense-fast", 8, 512))}
+    rows = []
+    for r in rep["batch8"]:
+        if r["device"] == "h200":
+            m = measured[r["path"]]
+            band = f"measured {m['back_to_back_ms']:.3f} back-to-back" if m and m.get("back_to_back_ms") else ""
+        else:
+            band = f"{r['ms_low']:.1f}-{r['ms_high']:.1f}"
+        rows.append([r["device_name"], r["path"], r["gflop"], f"{r['ms']:.3f}" if r["device"] == "h200" else f"{r['ms']:.1f}", band])
+    return table(["device", "path", "GFLOP", "predicted ms", "band ms (H200: the measurement)"], rows)
 
 
 def block_orin_devices() -> list[str]:
