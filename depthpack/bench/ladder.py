@@ -12,11 +12,12 @@ weights, same image size, sampled at the same points), the dense model users pic
 
 Inputs: float images already on the device (the model's own figure), or, in the @frames rows, uint8
 BGR camera frames of --frame-size on the host with points in frame pixels (what a robot has).
-Protocol: warmup (compile and capture) excluded and reported apart; a discarded back-to-back spell before
-each row (an idle GPU clocks down); inputs rotated among --sets sets; each row timed two ways: latency =
-one call followed by a device sync on the host clock (what a caller meets; median and p90), and
-back-to-back = CUDA events around each call without a sync between (throughput); --repeats repeats and
-the spread of the repeat medians; FLOPs with torch.utils.flop_counter over one eager call of the same
+Protocol: warmup (compile and capture) excluded and reported apart; every row of a point is built first,
+then timed round-robin (repeat r of every row before repeat r + 1: drift of the machine falls on all rows
+alike), after a discarded back-to-back spell of each (an idle GPU clocks down); inputs rotated among --sets
+sets; each row timed two ways: latency = one call followed by a device sync on the host clock (what a
+caller meets; median and p90), and back-to-back = CUDA events around each call without a sync between
+(throughput); --repeats repeats and the spread of the repeat medians; FLOPs with torch.utils.flop_counter over one eager call of the same
 path; kernels per forward with torch.profiler over one call that is not replayed from a graph.
 Writes DIR/bench.json, DIR/bench.md and DIR/bench.png; the last line of stdout is a JSON summary;
 the exit code is 1 when a row failed.
@@ -276,26 +277,65 @@ class Rows:
         return dav2_forward(self.dav2, mean, std, compiled=row.compile)
 
 
-def measure_row(rb: Rows, row: Row, Q: int, sets, device, args) -> dict:
+@dataclass
+class Prepared:
+    """One row at one query count, built (compiled, captured) and counted, waiting for its timed spells."""
+    row: Row
+    call: Callable[[int], object]
+    flops: int
+    kernels: int | None
+    reps: list = None  # one list of call + sync milliseconds per repeat
+    b2b: list | None = None
+    error: Exception | None = None  # the first failure of a timed call: the row is reported failed
+
+
+def prepare_row(rb: Rows, row: Row, Q: int, sets, device) -> Prepared:
     sets = sets[row.input]
     with torch.inference_mode():
         fn, prof_fn, flop_fn = rb.build(row, Q, *sets[0])
-        call = lambda i: fn(*sets[i])  # noqa: E731
         flops = count_flops(lambda: flop_fn(*sets[0]))
         kernels = count_kernels(lambda: prof_fn(*sets[0]), device)
-        # a discarded back-to-back spell first: an idle GPU's clocks start low, which inflates a first row
-        time_calls(call, device, args.sets, min(0.25, args.seconds), sync_each=False)
-        reps = [time_calls(call, device, args.sets, args.seconds) for _ in range(args.repeats)]
-        b2b = time_calls(call, device, args.sets, args.seconds, sync_each=False) if device.type == "cuda" else None
-    meds = [statistics.median(r) for r in reps]
-    allt = [t for r in reps for t in r]
+    return Prepared(row, lambda i: fn(*sets[i]), flops, kernels, reps=[])
+
+
+def time_rows(prepared: list[Prepared], device, args, progress=None) -> None:
+    """The timed spells, round-robin: repeat r of every row, then repeat r + 1, so that drift of the machine's
+    state (seen on the H200 as spells of one predictor 15% apart) falls on every row alike, not on one row's
+    repeats; then each row's back-to-back spell (CUDA). A row whose call fails keeps its error and drops out;
+    the others are timed."""
+    def spell(p: Prepared, seconds: float, sync_each: bool = True):
+        if p.error is not None:
+            return None
+        try:
+            return time_calls(p.call, device, args.sets, seconds, sync_each=sync_each)
+        except Exception as e:  # noqa: BLE001
+            p.error = e
+            return None
+
+    with torch.inference_mode():
+        for p in prepared:  # a discarded back-to-back spell first: an idle GPU's clocks start low
+            spell(p, min(0.25, args.seconds), sync_each=False)
+        for _ in range(args.repeats):
+            for p in prepared:
+                p.reps.append(spell(p, args.seconds))
+        for p in prepared:
+            if device.type == "cuda":
+                p.b2b = spell(p, args.seconds, sync_each=False)
+            if progress is not None and p.error is None:
+                progress.update(1)
+
+
+def row_result(rb: Rows, p: Prepared, Q: int) -> dict:
+    meds = [statistics.median(r) for r in p.reps]
+    allt = [t for r in p.reps for t in r]
     med = statistics.median(allt)
+    row = p.row
     recipe = rb.predictor(row).recipe.describe() if row.path == "packed" else None
     return dict(preset=rb.model.cfg_name, dtype=str(rb.dtype).replace("torch.", ""), batch=rb.B, queries=Q,
                 row=row.name, base=row.base, switch=row.switch, recipe=recipe, median_ms=med,
-                p90_ms=percentile(allt, 0.9), back_to_back_ms=statistics.median(b2b) if b2b else None, calls=len(allt),
-                repeat_medians_ms=meds, spread=(max(meds) - min(meds)) / min(meds), kernels=kernels,
-                gflop=flops / 1e9, tflops=flops / (med * 1e-3) / 1e12)
+                p90_ms=percentile(allt, 0.9), back_to_back_ms=statistics.median(p.b2b) if p.b2b else None,
+                calls=len(allt), repeat_medians_ms=meds, spread=(max(meds) - min(meds)) / min(meds),
+                kernels=p.kernels, gflop=p.flops / 1e9, tflops=p.flops / (med * 1e-3) / 1e12)
 
 
 def make_model(preset: str, checkpoint: str | None) -> DepthPack:
@@ -325,18 +365,29 @@ def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], r
             sets["frames"] = [(torch.randint(0, 256, (batch, fh, fw, 3), generator=g, dtype=torch.uint8).numpy(),
                                (torch.rand(batch, Q, 2, generator=g) * torch.tensor([fw - 1e-3, fh - 1e-3])).numpy())
                               for _ in range(args.sets)]
+        prepared = []
+
+        def failed(row, e):  # one broken row must not take the sweep's other rows with it
+            print(f"row {row.name} B={batch} Q={Q} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            results.append(dict(preset=preset, dtype=dt, batch=batch, queries=Q, row=row.name,
+                                error=f"{type(e).__name__}: {str(e)[:300]}"))
+            progress.update(1)
         for row in rows:
             if row.path == "dav2" and (H % 14 or W % 14):
                 progress.update(1)
                 continue  # DAv2 needs multiples of its patch size 14
-            progress.set_description(f"{preset} {dt} B={batch} Q={Q} {row.name}")
+            progress.set_description(f"{preset} {dt} B={batch} Q={Q} build {row.name}")
             try:
-                results.append(measure_row(rb, row, Q, sets, device, args))
-            except Exception as e:  # one broken row must not take the sweep's other rows with it
-                print(f"row {row.name} B={batch} Q={Q} failed: {type(e).__name__}: {e}", file=sys.stderr)
-                results.append(dict(preset=preset, dtype=dt, batch=batch, queries=Q, row=row.name,
-                                    error=f"{type(e).__name__}: {str(e)[:300]}"))
-            progress.update(1)
+                prepared.append(prepare_row(rb, row, Q, sets, device))
+            except Exception as e:  # noqa: BLE001
+                failed(row, e)
+        progress.set_description(f"{preset} {dt} B={batch} Q={Q} timing {len(prepared)} rows")
+        time_rows(prepared, device, args, progress)
+        for p in prepared:
+            if p.error is not None:
+                failed(p.row, p.error)
+            else:
+                results.append(row_result(rb, p, Q))
     comp = {k: round(v, 2) for k, v in rb.compile_s.items()}
     for r in results:
         if "error" not in r:

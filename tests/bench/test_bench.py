@@ -65,3 +65,31 @@ def test_flop_count_is_the_same_with_the_gemm_epilogue():
     plain = count_flops(lambda: model.forward_packed(images, points, 16))
     fused = count_flops(lambda: model.deployed(Recipe(gelu_epilogue=True)).forward_packed(images, points, 16))
     assert plain > 0 and fused == plain
+
+
+def test_rows_are_timed_round_robin_and_a_failing_row_drops_out_alone():
+    """Repeat r of every row runs before repeat r + 1 (drift falls on all rows alike); a row whose call raises
+    keeps its error, and the other rows are still timed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from depthpack.bench.ladder import ROWS, Prepared, time_rows
+
+    log = []
+
+    def make(name, fail_after=None):
+        def call(i):
+            log.append(name)
+            if fail_after is not None and log.count(name) > fail_after:
+                raise RuntimeError("boom")
+        return Prepared(ROWS["packed-eager"], call, 1, None, reps=[])
+
+    a, b, c = make("a"), make("b", fail_after=60), make("c")
+    args = SimpleNamespace(sets=1, seconds=1e-4, repeats=3)
+    time_rows([a, b, c], torch.device("cpu"), args)
+    spells = [name for i, name in enumerate(log) if i == 0 or log[i - 1] != name]  # one entry per spell
+    assert spells[:6] == ["a", "b", "c"] * 2  # the discarded spells a b c, then repeat 1: a b c, ...
+    assert len(a.reps) == len(c.reps) == 3 and all(len(r) >= 20 for r in a.reps + c.reps)
+    assert isinstance(b.error, RuntimeError) and a.error is None and c.error is None
+    assert b.reps[-1] is None  # its later spells were not run
