@@ -4,11 +4,11 @@
     OUT=DIR python3 scripts/gpu_recipe_variants.py 1x256:interleaved,fast,no-fold  # alternating spells
 
 A variant is the fast recipe of its batch with one change (VARIANTS); each is compiled, captured and timed
-(call + sync median and p90, back-to-back), its kernels counted, its output compared with the first
-variant's of the same point, and a chrome trace with shapes kept for the fast one (depthpack.bench.roofline
-reads that format). `dense` adds the compiled dense forward with the recipe's kernels. Writes
-DIR/explore.json as it goes; BUDGET_S (default 420) skips what would start after it. The figures of the
-runs so far are docs/results/h200_b8_variants.json.
+(call + sync median and p90, back-to-back), its kernels counted and its output compared with the first
+variant's of the same point; `interleaved` times the named variants in alternating spells instead. The
+compiled dense forward is the benchmark's dense-fast row, a forward's per-kernel profile
+depthpack.bench.roofline. Writes DIR/explore.json as it goes; BUDGET_S (default 420) skips what would start
+after it. The figures of the runs so far are docs/results/h200_b8_variants.json.
 """
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from dataclasses import replace
 
 import torch
 
+from depthpack.bench.ladder import count_kernels
 from depthpack.core.fast import fast_recipe
 from depthpack.core.model import create_model
-from depthpack.runtime.graphs import capture, time_calls
+from depthpack.runtime.graphs import percentile, time_calls
 from depthpack.runtime.predictor import Predictor
 
 OUT = os.environ.get("OUT", "explore_out")
@@ -59,15 +60,12 @@ def inputs(B, Q, H, W, n=4):
              (torch.rand(B, Q, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).to(dev)) for _ in range(n)]
 
 
-def kernels_of(fn) -> int:
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and not e.name.lower().startswith(("memcpy", "memset")))
+def warmed(model, name: str, B: int, Q: int) -> Predictor:
+    """The Predictor of variant `name` (the fast recipe of batch B with its changes), warmed for Q queries."""
+    pred = Predictor(model, device=dev, dtype=torch.bfloat16, fast=replace(fast_recipe(dev, B), **VARIANTS[name]),
+                     batch_size=B, validate=False)
+    pred.warmup(buckets=(pred.bucket_for(Q),))
+    return pred
 
 
 def time_row(call, sets):
@@ -75,7 +73,7 @@ def time_row(call, sets):
     lat = time_calls(lambda i: call(*sets[i]), dev, len(sets), 0.4)
     lat += time_calls(lambda i: call(*sets[i]), dev, len(sets), 0.4)
     b2b = time_calls(lambda i: call(*sets[i]), dev, len(sets), 0.4, sync_each=False)
-    return dict(median_ms=round(statistics.median(lat), 4), p90_ms=round(sorted(lat)[int(0.9 * len(lat))], 4),
+    return dict(median_ms=round(statistics.median(lat), 4), p90_ms=round(percentile(lat, 0.9), 4),
                 b2b_ms=round(statistics.median(b2b), 4))
 
 
@@ -84,26 +82,21 @@ def variants(names, B=8, Q=512):
     model = create_model("vits").eval()
     H, W = model.cfg.img_size
     sets = inputs(B, Q, H, W)
-    base = fast_recipe(dev, B)
     ref = None  # the first variant's output
     for name in names:
         if time.time() > DEADLINE:
             log(f"variant_{name}_B{B}Q{Q}", dict(skipped="deadline"))
             continue
         try:
-            recipe = replace(base, **VARIANTS[name])
             t0 = time.time()
-            pred = Predictor(model, device=dev, dtype=torch.bfloat16, fast=recipe, batch_size=B, validate=False)
-            pred.warmup(buckets=(pred.bucket_for(Q),))
+            pred = warmed(model, name, B, Q)
             compile_s = time.time() - t0
             with torch.inference_mode():
                 out = pred.predict(*sets[0]).clone()
                 ref = out if ref is None else ref
                 row = time_row(pred.predict, sets)
-                row.update(kernels=kernels_of(lambda: pred.predict_uncaptured(*sets[0])), compile_s=round(compile_s, 1),
-                           rel_err_vs_first=float((out - ref).norm() / ref.norm()))
-                if name == "fast":
-                    trace(pred, sets[0], f"{name}_B{B}Q{Q}")
+                row.update(kernels=count_kernels(lambda: pred.predict_uncaptured(*sets[0]), dev),
+                           compile_s=round(compile_s, 1), rel_err_vs_first=float((out - ref).norm() / ref.norm()))
             log(f"variant_{name}_B{B}Q{Q}", row)
             del pred
         except Exception as e:  # noqa: BLE001
@@ -117,12 +110,7 @@ def interleaved(names, B, Q, rounds=6):
     model = create_model("vits").eval()
     H, W = model.cfg.img_size
     sets = inputs(B, Q, H, W)
-    preds = {}
-    for name in names:
-        pred = Predictor(model, device=dev, dtype=torch.bfloat16, fast=replace(fast_recipe(dev, B), **VARIANTS[name]),
-                         batch_size=B, validate=False)
-        pred.warmup(buckets=(pred.bucket_for(Q),))
-        preds[name] = pred
+    preds = {name: warmed(model, name, B, Q) for name in names}
     spells = {n: dict(call=[], b2b=[]) for n in names}
     with torch.inference_mode():
         for _ in range(rounds):
@@ -132,46 +120,6 @@ def interleaved(names, B, Q, rounds=6):
                 spells[n]["b2b"].append(row["b2b_ms"])
     log(f"interleaved_B{B}Q{Q}", {n: dict(call_ms=statistics.median(v["call"]), b2b_ms=statistics.median(v["b2b"]),
                                           call_spells=v["call"], b2b_spells=v["b2b"]) for n, v in spells.items()})
-
-
-def trace(pred, inp, tag):
-    from torch.profiler import ProfilerActivity, profile
-    for _ in range(3):
-        pred.predict_uncaptured(*inp)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-        for _ in range(3):
-            pred.predict_uncaptured(*inp)
-        torch.cuda.synchronize()
-    prof.export_chrome_trace(f"{OUT}/trace_{tag}.json")
-
-
-def dense(names, B=8, Q=512):
-    """The dense path compiled + CUDA graph, with the fast recipe's kernels (FLOP realization's other side)."""
-    torch.manual_seed(0)
-    model = create_model("vits").eval()
-    H, W = model.cfg.img_size
-    sets = inputs(B, Q, H, W)
-    for name in names:
-        if time.time() > DEADLINE:
-            continue
-        try:
-            recipe = replace(fast_recipe(dev, B), **VARIANTS[name])
-            m = model.deployed(recipe, dev, torch.bfloat16)
-            fn = torch.compile(m.forward_dense_core, dynamic=False, fullgraph=True, options=dict(recipe.inductor))
-            static = [sets[0][0].clone(), sets[0][1].clone()]
-            with torch.inference_mode():
-                graph, out = capture(lambda: fn(*static), device=dev)
-
-                def call(im, pts):
-                    static[0].copy_(im, non_blocking=True)
-                    static[1].copy_(pts, non_blocking=True)
-                    graph.replay()
-                    return out
-                row = time_row(call, sets)
-            log(f"dense_{name}_B{B}", row)
-        except Exception as e:  # noqa: BLE001
-            log(f"dense_{name}_B{B}", dict(error=f"{type(e).__name__}: {str(e)[:400]}"))
 
 
 if __name__ == "__main__":
@@ -187,7 +135,4 @@ if __name__ == "__main__":
         if names[0] == "interleaved":
             interleaved(names[1:], b, q)
             continue
-        if "dense" in names:
-            names.remove("dense")
-            dense(["fast"], B=b)
         variants(names, B=b, Q=q)

@@ -17,8 +17,9 @@ then timed round-robin (repeat r of every row before repeat r + 1: drift of the 
 alike), after a discarded back-to-back spell of each (an idle GPU clocks down); inputs rotated among --sets
 sets; each row timed two ways: latency = one call followed by a device sync on the host clock (what a
 caller meets; median and p90), and back-to-back = CUDA events around each call without a sync between
-(throughput); --repeats repeats and the spread of the repeat medians; FLOPs with torch.utils.flop_counter over one eager call of the same
-path; kernels per forward with torch.profiler over one call that is not replayed from a graph.
+(throughput); --repeats repeats and the spread of the repeat medians; FLOPs with torch.utils.flop_counter
+over one eager call of the same path; kernels per forward with torch.profiler over one call that is not
+replayed from a graph.
 Writes DIR/bench.json, DIR/bench.md and DIR/bench.png; the last line of stdout is a JSON summary;
 the exit code is 1 when a row failed.
 """
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -284,7 +285,7 @@ class Prepared:
     call: Callable[[int], object]
     flops: int
     kernels: int | None
-    reps: list = None  # one list of call + sync milliseconds per repeat
+    reps: list = field(default_factory=list)  # one list of call + sync milliseconds per repeat
     b2b: list | None = None
     error: Exception | None = None  # the first failure of a timed call: the row is reported failed
 
@@ -295,7 +296,7 @@ def prepare_row(rb: Rows, row: Row, Q: int, sets, device) -> Prepared:
         fn, prof_fn, flop_fn = rb.build(row, Q, *sets[0])
         flops = count_flops(lambda: flop_fn(*sets[0]))
         kernels = count_kernels(lambda: prof_fn(*sets[0]), device)
-    return Prepared(row, lambda i: fn(*sets[i]), flops, kernels, reps=[])
+    return Prepared(row, lambda i: fn(*sets[i]), flops, kernels)
 
 
 def time_rows(prepared: list[Prepared], device, args, progress=None) -> None:

@@ -95,27 +95,42 @@ def host_split(fn, calls: int = 50) -> dict:
                 host_top=[dict(us_per_call=round(t, 2), per_call=round(c, 2), name=n[:100]) for t, c, n in rows[:14]])
 
 
-def run(preset: str, dtype: torch.dtype, batch: int, queries: int, recipes=tuple(RECIPES)) -> dict:
-    """For each recipe: the kernels of one un-replayed forward (Predictor.predict_uncaptured) under the
-    profiler, the latency of the captured one, and the host side of a call."""
-    from ..runtime.graphs import summarize, time_calls
-
-    report = dict(preset=preset, dtype=str(dtype).replace("torch.", ""), batch=batch, queries=queries, recipes={})
+def model_and_inputs(preset: str, batch: int, queries: int):
+    """The preset's model (seeded random weights: time does not depend on them) and one seeded input set on
+    the GPU: (model, images [B,3,H,W], points [B,Q,2])."""
     torch.manual_seed(0)
     model = create_model(preset).eval()
     H, W = model.cfg.img_size
     g = torch.Generator().manual_seed(0)
     images = torch.rand(batch, 3, H, W, generator=g).cuda()
     points = (torch.rand(batch, queries, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).cuda()
+    return model, images, points
+
+
+def warmed_and_timed(model, images, points, **predictor) -> tuple[Predictor, int, dict, dict]:
+    """A Predictor (keyword arguments: its own) warmed for the inputs' bucket, then timed before any profiler
+    has been active in its life: (predictor, bucket, call + sync summary, back-to-back summary)."""
+    from ..runtime.graphs import summarize, time_calls
+
+    batch, queries = points.shape[:2]
+    pred = Predictor(model, device="cuda", batch_size=batch, validate=False, **predictor)
+    bucket = pred.bucket_for(queries)
+    pred.warmup(buckets=(bucket,))
+    dev = torch.device("cuda")
+    with torch.inference_mode():
+        latency = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5))
+        back_to_back = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5, sync_each=False))
+    return pred, bucket, latency, back_to_back
+
+
+def run(preset: str, dtype: torch.dtype, batch: int, queries: int, recipes=tuple(RECIPES)) -> dict:
+    """For each recipe: the kernels of one un-replayed forward (Predictor.predict_uncaptured) under the
+    profiler, the latency of the captured one, and the host side of a call."""
+    report = dict(preset=preset, dtype=str(dtype).replace("torch.", ""), batch=batch, queries=queries, recipes={})
+    model, images, points = model_and_inputs(preset, batch, queries)
     for name in recipes:
-        pred = Predictor(model, device="cuda", dtype=dtype, fast=RECIPES[name], batch_size=batch, validate=False)
-        bucket = pred.bucket_for(queries)
-        pred.warmup(buckets=(bucket,))
-        dev = torch.device("cuda")
-        with torch.inference_mode():  # timed before the profiler has been active in this predictor's life
-            latency = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5))
-            back_to_back = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5,
-                                                sync_each=False))
+        pred, bucket, latency, back_to_back = warmed_and_timed(model, images, points, dtype=dtype, fast=RECIPES[name])
+        with torch.inference_mode():
             prof = profile_forward(lambda: pred.predict_uncaptured(images, points))
             prof["host"] = host_split(lambda: pred.predict(images, points))
         prof.update(bucket=bucket, recipe=pred.recipe.describe(), graph_replay_ms=back_to_back["median_ms"],

@@ -44,14 +44,14 @@ def op_cost(name: str, dims: list, types: list) -> tuple[float, float]:
     nbytes = float(sum(sizes))
     tensors = [(d, t) for d, t in zip(dims, types) if isinstance(d, list) and d and t in DTYPE_BYTES]
     if name in GEMMS:
-        mats = [d for d, _ in tensors if len(d) == (3 if name == "aten::bmm" else 2)]
+        mats = [i for i, (d, _) in enumerate(tensors) if len(d) == (3 if name == "aten::bmm" else 2)]
         if len(mats) >= 2:
-            a, b = mats[0], mats[1]
+            a, b = tensors[mats[0]][0], tensors[mats[1]][0]
             batch = a[0] if name == "aten::bmm" else 1
             m, k, n = a[-2], a[-1], b[-1]
             out_shape = [batch, m, n] if name == "aten::bmm" else [m, n]
-            after = [d for d, _ in tensors][[d for d, _ in tensors].index(b) + 1:]
-            out = 0 if out_shape in after else batch * m * n * DTYPE_BYTES.get(tensors[0][1], 2)  # out= is listed
+            listed = any(d == out_shape for d, _ in tensors[mats[1] + 1:])  # Inductor's out= form lists the output
+            out = 0 if listed else batch * m * n * DTYPE_BYTES.get(tensors[0][1], 2)
             return 2.0 * batch * m * n * k, nbytes + out
     if "attention" in name and len(tensors) >= 3:
         (q, tq), (k, _), (v, _) = tensors[:3]
@@ -88,11 +88,12 @@ def analyze(events: list[dict], calls: int, peak_tflops: float, peak_gb_s: float
     rows = []
     for (kernel, op_name, dims), g in groups.items():
         us, fl, by = g["us"] / calls, g["flops"] / calls, g["bytes"] / calls
-        floor_us = max(fl / (peak_tflops * 1e6), by / (peak_gb_s * 1e3))
+        compute_us, memory_us = fl / (peak_tflops * 1e6), by / (peak_gb_s * 1e3)
+        floor_us = max(compute_us, memory_us)
         rows.append(dict(kernel=kernel[:160], op=op_name, shapes=json.loads(dims), category=category(kernel),
                          launches=g["launches"] / calls, us=us, gflop=fl / 1e9, mb=by / 1e6,
                          tflops=fl / us / 1e6 if us else 0.0, gb_s=by / us / 1e3 if us else 0.0,
-                         bound="compute" if fl / (peak_tflops * 1e6) >= by / (peak_gb_s * 1e3) else "memory",
+                         bound="compute" if compute_us >= memory_us else "memory",
                          floor_us=floor_us, roof=floor_us / us if us else 0.0))
     rows.sort(key=lambda r: -r["us"])
     busy = sum(r["us"] for r in rows)
@@ -146,23 +147,12 @@ def run(preset: str, batch: int, queries: int, calls: int = 5) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ..core.model import create_model
-    from ..runtime.graphs import summarize, time_calls
-    from ..runtime.predictor import Predictor
+    from .profile import model_and_inputs, warmed_and_timed
 
     dev = torch.device("cuda")
-    torch.manual_seed(0)
-    model = create_model(preset).eval()
-    H, W = model.cfg.img_size
-    g = torch.Generator().manual_seed(0)
-    images = torch.rand(batch, 3, H, W, generator=g).to(dev)
-    points = (torch.rand(batch, queries, 2, generator=g) * torch.tensor([W - 1e-3, H - 1e-3])).to(dev)
-    pred = Predictor(model, device=dev, batch_size=batch, validate=False)
-    bucket = pred.bucket_for(queries)
-    pred.warmup(buckets=(bucket,))
+    model, images, points = model_and_inputs(preset, batch, queries)
+    pred, bucket, latency, b2b = warmed_and_timed(model, images, points)  # the default Predictor
     with torch.inference_mode():
-        latency = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5))
-        b2b = summarize(time_calls(lambda i: pred.predict(images, points), dev, seconds=0.5, sync_each=False))
         for _ in range(3):
             pred.predict_uncaptured(images, points)
         torch.cuda.synchronize(dev)

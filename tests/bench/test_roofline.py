@@ -72,3 +72,13 @@ def test_the_command_needs_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         roofline.main(["--out", "unused"])
+
+
+def test_a_square_gemms_output_is_counted_once_listed_or_not():
+    """Operand and output shapes can coincide (n x n times n x n): the output counts once whether or not the
+    out= form lists it, never mistaken for an operand."""
+    n = 384
+    flops, plain = op_cost("aten::mm", [[n, n], [n, n]], [BF, BF])
+    assert flops == 2 * n**3 and plain == 3 * 2 * n * n
+    _, listed = op_cost("aten::mm", [[n, n], [n, n], [n, n]], [BF, BF, BF])
+    assert listed == plain
