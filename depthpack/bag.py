@@ -371,15 +371,14 @@ def render_moving(seed: int, frames: int, size, scene: str = "mixed", rig: str =
     """Yield (rgb uint8 [H,W,3], depth float32 m [H,W] (0 = sky), K [3,3]) of a camera moving through
     synthetic scenes (depthpack.data.synthetic, its "test" stream): a new scene every frames_per_scene
     frames; in each the camera moves forward (0.4 m in a room, 8 m on a street) while it pans."""
-    from .data.synthetic import SPLIT_IDS, Camera, cast, indoor_scene, outdoor_scene, shade
+    from .data.raycast import cast_and_shade, pack
+    from .data.synthetic import Camera, Families, draw
 
     H, W = int(size[0]), int(size[1])
     for k in range(frames):
         s, j = divmod(k, frames_per_scene)
         if j == 0:
-            rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, SPLIT_IDS["test"], s])
-            kind = scene if scene != "mixed" else ("indoor" if rng.random() < 0.5 else "outdoor")
-            sc, cam0 = (indoor_scene if kind == "indoor" else outdoor_scene)(rng, H, W, rig)
+            sc, cam0, kind = draw(seed, s, (H, W), scene, "test", rig, Families(front=0.0))  # nothing in the camera's way
         u = j / max(1, frames_per_scene - 1)
         yaw = (0.25 if kind == "indoor" else 0.1) * math.sin(2 * math.pi * u)
         ahead = cam0.R[:, 2] * np.array([1.0, 0.0, 1.0])
@@ -388,10 +387,9 @@ def render_moving(seed: int, frames: int, size, scene: str = "mixed", rig: str =
         turn = np.array([[c, 0.0, s_], [0.0, 1.0, 0.0], [-s_, 0.0, c]])  # about world up
         cam = Camera(cam0.fx, cam0.fy, cam0.cx, cam0.cy, turn @ cam0.R,
                      cam0.origin + ahead * (0.4 if kind == "indoor" else 8.0) * u)
-        t, ids, rays = cast(sc, cam, H, W)
-        image = shade(sc, cam, t, ids, rays)
-        rgb = np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
-        yield rgb, np.where(np.isfinite(t), t, 0.0).astype(np.float32), cam.K
+        image, depth = cast_and_shade(pack([(sc, cam)]), H, W)
+        rgb = np.round(np.clip(image[0].numpy(), 0.0, 1.0) * 255.0).astype(np.uint8)
+        yield rgb, depth[0].numpy(), cam.K
 
 
 DEMO_TOPICS = BagTopics("/camera/color/image_raw/compressed", "/camera/aligned_depth_to_color/image_raw",

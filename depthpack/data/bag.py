@@ -47,7 +47,7 @@ from .common import SkippingDataset, make_sample, resize_image, resize_nearest, 
 from .errors import BadSample
 from .formats import decode_uint16
 from .intrinsics import dataset_focal
-from .store import RowLayout, SceneStore, encode_row
+from .store import RowLayout, SceneStore, encode_rows
 
 log = logging.getLogger("depthpack.data")
 
@@ -620,7 +620,7 @@ class BagDataset(SkippingDataset):
         if focal is not None:
             _, _, (sh, sw, _, _) = source_indices(rgb.shape[0], rgb.shape[1], self.size, c.resize)
             f = focal_at_size(focal[0], focal[1], rgb.shape[:2], (sh, sw))
-        return encode_row(dict(image=img, depth=d, K=np.diag([f, f, 1.0])), self.layout)
+        return encode_rows(dict(image=img[None], depth=d[None], K=np.diag([f, f, 1.0])[None]), self.layout)[0]
 
     def build_rows(self, processes: int = 1, progress: bool = False, out: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
         """Every frame as a row (into out, or a new array), decoded by `processes` forked workers."""

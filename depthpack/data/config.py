@@ -3,7 +3,10 @@
 No torch import here, so configs can be parsed without loading torch.
 
 kind
-    "synthetic"  procedural rooms/streets rendered on the fly (depthpack.data.synthetic), exact depth.
+    "synthetic"  procedural rooms/streets rendered on the fly (depthpack.data.synthetic), exact depth; the
+                 families that make resolution matter (thin structures, small objects far away, objects in
+                 front of far backgrounds) at the frequencies thin_structures, distant_objects,
+                 foreground_objects; fresh: a new batch of scenes every training step.
     "nyu_mat"    the official labeled file nyu_depth_v2_labeled.mat (MATLAB v7.3 / HDF5); root = the file.
     "nyu"        BTS-style folder: rgb_XXXXX.jpg + sync_depth_XXXXX.png (uint16 mm), searched recursively.
     "kitti"      KITTI depth: RGB PNG + uint16 PNG, meters = value / 256, 0 = no measurement.
@@ -49,6 +52,18 @@ DECODES = ("linear", "sunrgbd", "middlebury")
 INTERPS = ("linear", "area")
 
 
+@dataclass(frozen=True)
+class Families:
+    """Mean number per synthetic scene of each family of objects that makes resolution matter (Poisson
+    draws; depthpack.data.synthetic.add_families)."""
+    thin: float = 1.5  # thin structures 1-4 px wide at 420x560: legs, lamps, railings, cables, poles, bollards
+    distant: float = 1.0  # small objects far from the camera
+    front: float = 0.5  # objects near the camera, in front of a far background
+
+
+NO_FAMILIES = Families(0.0, 0.0, 0.0)
+
+
 @dataclass
 class DataConfig:
     kind: str = "synthetic"  # see the module docstring
@@ -69,6 +84,13 @@ class DataConfig:
     device_cache: bool = False  # synthetic, training: every scene in one uint8 tensor on the training device;
     #                             batches, flips and query points made there (depthpack.train.device_data); needs cache_dir
     render_budget_s: float | None = None  # stop rendering the train split after this many seconds, keep what is done
+    fresh: bool = False  # synthetic, training: every batch rendered on the training device from (seed, step, rank),
+    #                      so no scene repeats and nothing is cached (the val split stays a fixed set)
+    thin_structures: float = 1.5  # synthetic: mean count per scene of thin structures 1-4 px wide at 420x560
+    #                               (legs of tables and chairs, lamps, railings, cables, poles, bollards)
+    distant_objects: float = 1.0  # synthetic: mean count per scene of small objects far from the camera
+    foreground_objects: float = 0.5  # synthetic: mean count per scene of objects near the camera, in front of
+    #                                  a far background
     seed: int = 0
     eval_crop: str | None = None  # None | "eigen_nyu" | "garg" | "eigen_kitti"
     resize: str = "resize"  # "resize" | "center_crop"
@@ -106,6 +128,12 @@ class DataConfig:
                 problems.append(f"kind='bag' needs pair_tol_ms >= 0, split_block_s > 0, val_every >= 2 and "
                                 f"0 <= split_gap_s < split_block_s, got {self.pair_tol_ms}, {self.split_block_s}, "
                                 f"{self.val_every}, {self.split_gap_s}")
+        if self.fresh and (self.kind != "synthetic" or self.device_cache or self.cache):
+            problems.append("fresh needs kind='synthetic' without cache or device_cache (every training batch is rendered "
+                            "new; cache_dir, if set, keeps the val split only)")
+        for name in ("thin_structures", "distant_objects", "foreground_objects"):
+            if not 0.0 <= getattr(self, name) <= 10.0:
+                problems.append(f"{name} must lie in [0, 10] (a mean count per scene), got {getattr(self, name)}")
         if self.render_budget_s is not None and not self.render_budget_s > 0:
             problems.append(f"render_budget_s must be > 0 seconds or null, got {self.render_budget_s}")
         if self.focal is not None and not self.focal > 0:
@@ -114,6 +142,10 @@ class DataConfig:
             problems.append(f"num_samples and num_val must be >= 1, got {self.num_samples}, {self.num_val}")
         if problems:
             raise ValueError("invalid DataConfig: " + "; ".join(problems))
+
+    def families(self) -> "Families":
+        """The synthetic scene families' frequencies."""
+        return Families(self.thin_structures, self.distant_objects, self.foreground_objects)
 
     def scale(self) -> float:
         """Stored depth value per meter: depth_scale, or the format's default."""

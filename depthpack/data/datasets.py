@@ -15,15 +15,18 @@ from .common import BadSample, SkippingDataset, log, make_sample, split_range
 from .config import DataConfig
 from .formats import check_depth_extension, read_depth, read_rgb
 from .intrinsics import dataset_focal, kitti_focal
-from .synthetic import render
+from .synthetic import render_batch
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".ppm", ".bmp")
 DEPTH_EXTS = (".png", ".npy", ".pfm", ".pgm")
 
 
-def _render_job(job: tuple) -> dict:
-    seed, i, size, scene, split, rig = job
-    return render(seed, i, size, scene, split, rig=rig)
+def _render_span(job: tuple) -> dict:
+    """Scenes [a, b) of a split, rendered together on the CPU in this process (one thread)."""
+    torch.set_num_threads(1)
+    seed, (a, b), size, scene, split, rig, families = job
+    r = render_batch(seed, range(a, b), size, scene, split, rig, families)
+    return dict(image=r["image"].numpy(), depth=r["depth"].numpy(), K=r["K"].numpy())
 
 
 class SyntheticDataset(SkippingDataset):
@@ -40,9 +43,9 @@ class SyntheticDataset(SkippingDataset):
         self.n = cfg.num_samples if split == "train" else cfg.num_val
         self._cache: dict[int, dict] = {}
         self.store = None
-        if cfg.cache_dir:  # rendered once into a store on disk (every core), read from there
+        if cfg.cache_dir and not (cfg.fresh and split == "train"):  # rendered once into a store on disk, read from there
             from .store import open_store
-            self.store = open_store(cfg, split, self.size, render, self.n,
+            self.store = open_store(cfg, split, self.size, render_batch, self.n,
                                     budget_s=cfg.render_budget_s if split == "train" else None)
             self.n = self.store.n
 
@@ -52,15 +55,14 @@ class SyntheticDataset(SkippingDataset):
     def describe(self) -> str:
         return f"synthetic {self.cfg.scene} {self.split} (seed {self.cfg.seed}, {self.n} scenes)"
 
-    def _job(self, i: int) -> tuple:
+    def _job(self, a: int, b: int) -> tuple:
         c = self.cfg
-        return (c.seed, i, self.size, c.scene, self.split, c.rig)
+        return (c.seed, (a, b), self.size, c.scene, self.split, c.rig, c.families())
 
-    def _sample(self, i: int, r: dict) -> dict:
+    def _sample(self, i: int, image: np.ndarray, depth: np.ndarray, K: np.ndarray) -> dict:
         name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
-        K = r["K"]  # the renderer's camera, at the rendered size
-        return make_sample(r["image"], r["depth"], self.size, self.cfg, self.min_depth, self.max_depth, name, name,
-                           focal=(float(K[0, 0]), float(K[1, 1])))
+        return make_sample(image, depth, self.size, self.cfg, self.min_depth, self.max_depth, name, name,
+                           focal=(float(K[0, 0]), float(K[1, 1])))  # the renderer's camera, at the rendered size
 
     def load(self, i: int) -> dict:
         if i in self._cache:
@@ -70,32 +72,48 @@ class SyntheticDataset(SkippingDataset):
             name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
             return make_sample(image, depth, self.size, self.cfg, self.min_depth, self.max_depth, name, name,
                                focal=(focal, focal))
-        s = self._sample(i, _render_job(self._job(i)))
+        c = self.cfg
+        r = render_batch(c.seed, [i], self.size, c.scene, self.split, c.rig, c.families())
+        s = self._sample(i, r["image"][0].numpy(), r["depth"][0].numpy(), r["K"][0].numpy())
         if self.cfg.cache:
             self._cache[i] = s
         return dict(s)
 
-    def prefill(self, processes: int, progress: bool = False) -> None:
-        """Render every scene into the cache now, in `processes` forked processes (the same bytes as
-        rendering each on first use; numpy arrays travel back, the tensors are made here)."""
+    def prefill(self, processes: int, progress: bool = False, chunk: int = 32) -> None:
+        """Render every scene into the cache now, `chunk` scenes at a time in `processes` forked processes
+        (the same bytes as rendering each on first use; numpy arrays travel back, the tensors are made here)."""
         import multiprocessing as mp
 
         from tqdm import tqdm
 
         todo = [i for i in range(self.n) if i not in self._cache]
+        spans: list[list[int]] = []  # runs of consecutive scenes, at most chunk long
+        for i in todo:
+            if spans and spans[-1][1] == i and spans[-1][1] - spans[-1][0] < chunk:
+                spans[-1][1] += 1
+            else:
+                spans.append([i, i + 1])
         bar = tqdm(total=len(todo), desc="render scenes", disable=not progress, dynamic_ncols=True)
-        if processes > 1 and len(todo) > 1 and "fork" in mp.get_all_start_methods():
+
+        def keep(a: int, r: dict) -> None:
+            for j in range(r["image"].shape[0]):
+                if a + j not in self._cache:
+                    self._cache[a + j] = self._sample(a + j, r["image"][j], r["depth"][j], r["K"][j])
+            bar.update(r["image"].shape[0])
+        jobs = [self._job(a, b) for a, b in spans]
+        if processes > 1 and len(jobs) > 1 and "fork" in mp.get_all_start_methods():
             # a plain function and plain arguments: a bound method would pickle the dataset, its
             # growing cache of tensors with it (each tensor a file descriptor: "too many open files")
-            jobs = [self._job(i) for i in todo]
             with mp.get_context("fork").Pool(processes) as pool:
-                for i, r in zip(todo, pool.imap(_render_job, jobs, chunksize=32)):
-                    self._cache[i] = self._sample(i, r)
-                    bar.update(1)
+                for (a, _), r in zip(spans, pool.imap(_render_span, jobs)):
+                    keep(a, r)
         else:
-            for i in todo:
-                self._cache[i] = self._sample(i, _render_job(self._job(i)))
-                bar.update(1)
+            threads = torch.get_num_threads()
+            try:
+                for (a, _), job in zip(spans, jobs):
+                    keep(a, _render_span(job))
+            finally:
+                torch.set_num_threads(threads)
         bar.close()
 
 

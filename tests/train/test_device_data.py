@@ -11,7 +11,7 @@ import torch
 
 from depthpack.data import DataConfig, make_dataset
 from depthpack.data.store import decode_rows, find_store, open_store
-from depthpack.data.synthetic import render
+from depthpack.data.synthetic import render, render_batch
 from depthpack.train.device_data import DeviceScenes, device_stream, gumbel_topk, sample_points
 from test_train import Killed, kill_at, tiny_cfg, weights
 
@@ -21,7 +21,7 @@ SIZE = (16, 24)
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     cfg = DataConfig(scene="mixed", rig="varied", num_samples=10, num_val=3, cache_dir=str(tmp_path_factory.mktemp("st")))
-    return cfg, open_store(cfg, "train", SIZE, render, processes=2)
+    return cfg, open_store(cfg, "train", SIZE, render_batch, processes=2)
 
 
 def test_store_rows_round_trip_and_match_the_renderer(store):
@@ -30,7 +30,8 @@ def test_store_rows_round_trip_and_match_the_renderer(store):
     for i in (0, 7):
         r = render(cfg.seed, i, SIZE, cfg.scene, "train", rig=cfg.rig)
         img, depth, focal = st.sample(i)
-        assert np.array_equal(img, np.round(r["image"] * 255).astype(np.uint8))
+        # within one level: a colour rendered in a batch rounds within float32 rounding of one rendered alone
+        assert np.abs(img.astype(int) - np.round(r["image"] * 255).astype(int)).max() <= 1
         np.testing.assert_allclose(depth, r["depth"], rtol=1e-3)
         assert focal == pytest.approx(float(r["K"][0, 0]), rel=1e-6)
     # torch views of a gathered batch give the same parts as numpy
@@ -48,9 +49,9 @@ def test_store_rows_round_trip_and_match_the_renderer(store):
 
 def test_store_cut_by_its_budget_keeps_the_first_scenes(tmp_path):
     cfg = DataConfig(scene="indoor", num_samples=50, cache_dir=str(tmp_path))
-    st = open_store(cfg, "train", SIZE, render, processes=1, budget_s=1e-9)  # spent at the first scene
+    st = open_store(cfg, "train", SIZE, render_batch, processes=1, budget_s=1e-9)  # spent at the first scene
     assert 1 <= st.n < 50 and not st.meta["complete"] and st.meta["wanted"] == 50
-    again = open_store(cfg, "train", SIZE, render, processes=1)  # accepted as it is: not rendered again
+    again = open_store(cfg, "train", SIZE, render_batch, processes=1)  # accepted as it is: not rendered again
     assert again.n == st.n and again.meta["seconds"] == st.meta["seconds"]
     assert len(make_dataset(cfg, "train", SIZE, 0.1, 80.0)) == st.n
 
