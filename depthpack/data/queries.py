@@ -1,9 +1,11 @@
-"""Training query points: valid pixels, a mix of uniform and image-edge-weighted sampling.
+"""Query points: valid pixels, a mix of uniform and edge sampling; the depth-edge band.
 
-Edges are the Sobel gradient magnitude of the image's luminance: image edges are what the model
-also has at inference (depth discontinuities are only known in training), and depth edges mostly
-coincide with them. Points are integer pixel coordinates (x = column, y = row) as float32, the
-convention of DepthPack.depth_map: point (x, y) refers to pixel (floor(x), floor(y)).
+Image edges are the Sobel gradient magnitude of the image's luminance (what the model also has at
+inference). The depth-edge band is where resolution decides: the pixels within `radius` pixels
+(a square: Chebyshev distance) of a ground-truth depth discontinuity, which is a pair of 4-neighbours,
+both valid, whose depths differ by a ratio above `threshold` (Depth Pro's boundary definition).
+Points are integer pixel coordinates (x = column, y = row) as float32, the convention of
+DepthPack.depth_map: point (x, y) refers to pixel (floor(x), floor(y)).
 """
 from __future__ import annotations
 
@@ -23,6 +25,44 @@ def sobel_magnitude(image: torch.Tensor) -> torch.Tensor:
     g = F.conv2d(F.pad(gray, (1, 1, 1, 1), mode="replicate"), k)  # [B,2,H,W]
     mag = g.square().sum(1).sqrt()
     return mag if image.ndim == 4 else mag[0]
+
+
+EDGE_THRESHOLD = 1.1  # a neighbour depth ratio above this is a discontinuity
+
+
+def check_band(radius: int, threshold: float) -> None:
+    """One ValueError naming a band radius or threshold out of range."""
+    if isinstance(radius, bool) or not isinstance(radius, int) or not 0 <= radius <= 4096:
+        raise ValueError(f"edge band radius must be a whole number of pixels in [0, 4096], got {radius!r}")
+    if not (isinstance(threshold, (int, float)) and 1.0 < threshold <= 100.0):
+        raise ValueError(f"edge band threshold must be a depth ratio in (1, 100], got {threshold!r}")
+
+
+def depth_discontinuities(depth: torch.Tensor, valid: torch.Tensor, threshold: float = EDGE_THRESHOLD) -> torch.Tensor:
+    """depth, valid [...,H,W] -> bool [...,H,W]: both pixels of every 4-neighbour pair, both valid, whose
+    depths differ by a ratio above threshold."""
+    d = torch.where(valid, depth.float(), torch.ones((), device=depth.device))
+    out = torch.zeros_like(valid)
+    for dim in (-1, -2):
+        n = d.shape[dim]
+        a, b = d.narrow(dim, 0, n - 1), d.narrow(dim, 1, n - 1)
+        both = valid.narrow(dim, 0, n - 1) & valid.narrow(dim, 1, n - 1)
+        jump = both & ((a > threshold * b) | (b > threshold * a))
+        out.narrow(dim, 0, n - 1).logical_or_(jump)
+        out.narrow(dim, 1, n - 1).logical_or_(jump)
+    return out
+
+
+def edge_band(depth: torch.Tensor, valid: torch.Tensor, radius: int, threshold: float = EDGE_THRESHOLD) -> torch.Tensor:
+    """depth, valid [...,H,W] -> bool [...,H,W]: the valid pixels within `radius` pixels (Chebyshev) of a
+    depth discontinuity (depth_discontinuities)."""
+    check_band(radius, threshold)
+    edges = depth_discontinuities(depth, valid, threshold)
+    if radius:
+        shape = edges.shape
+        x = edges.reshape(-1, 1, *shape[-2:]).float()
+        edges = F.max_pool2d(x, 2 * radius + 1, stride=1, padding=radius).reshape(shape) > 0
+    return edges & valid
 
 
 def sample_queries(valid: torch.Tensor, image: torch.Tensor, q: int, generator: torch.Generator,

@@ -45,14 +45,15 @@ from ..core.preprocess import parse_frame_size
 from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..data.datasets import make_dataset
-from ..data.queries import sample_queries
+from ..data.queries import EDGE_THRESHOLD, check_band, edge_band, sample_queries
 from ..data.config import DataConfig
 from .context import context_diagnostic, diagnostic_markdown, to_model_size
-from .metrics import MetricAccumulator
+from .metrics import MetricAccumulator, si_boundary_f1
 from .viz import depth_figure, gap_figure
 
 METRICS = ("abs_rel", "sq_rel", "rmse", "rmse_log", "log10", "silog", "d1", "d2", "d3")  # table column order
 PATHS = ("packed", "masked", "dense")
+POINT_SETS = {"uniform": ("uniform",), "edge": ("edge",), "both": ("uniform", "edge")}  # --points
 
 
 @dataclass
@@ -72,14 +73,25 @@ class EvalSettings:
     shares: bool = False  # the share of patches the packed path runs at each Q (for the curve)
     context: tuple[int, ...] = ()  # packed path again on these larger buffers (K patch slots > Q's bucket):
     #                                rows "packed@K", what more context tokens for the same queries buy
+    points: str = "uniform"  # "uniform" | "edge" | "both": query points uniform over the valid pixels, inside the
+    #                          depth-edge band (depthpack.data.queries.edge_band), or both, each its own table
+    band_radius: int | None = None  # the edge band's radius in pixels; None: one patch of the model (band_radius())
+    band_threshold: float = EDGE_THRESHOLD  # a neighbour depth ratio above this is a discontinuity
     focal: str = "data"  # "data": each image's focal length where the data set has it (0 = unknown);
     #                      "default": none given (the model's focal_default); models without a focal input ignore it
 
+    def __post_init__(self) -> None:
+        if self.points not in POINT_SETS:
+            raise ValueError(f"points must be one of {', '.join(POINT_SETS)}, got {self.points!r}")
+        check_band(0 if self.band_radius is None else self.band_radius, self.band_threshold)
+
 
 # ---- points -------------------------------------------------------------------------------------
-def eval_points(sample: dict, q: int, seed: int, index: int, edge_frac: float = 0.0) -> torch.Tensor | None:
-    """Q points [Q,2] among the valid pixels inside the evaluation crop; None if there are none."""
-    mask = sample["valid"] & sample["eval_mask"]
+def eval_points(sample: dict, q: int, seed: int, index: int, edge_frac: float = 0.0,
+                mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Q points [Q,2] among the pixels of mask (default: the valid pixels inside the evaluation crop);
+    None if there are none."""
+    mask = sample["valid"] & sample["eval_mask"] if mask is None else mask
     if not bool(mask.any()):
         return None
     g = torch.Generator().manual_seed((seed * 1_000_003 + index) * 65_537 + q)
@@ -148,77 +160,116 @@ def best_constant(targets: list[torch.Tensor]) -> float:
     return float(g[min(k, g.numel() - 1)])
 
 
+def band_radius(model, image_hw: tuple[int, int], s: EvalSettings) -> int:
+    """The edge band's radius in pixels of the evaluated images: s.band_radius, or one patch of the model
+    (its patch size, scaled when the images are resized to the model's size)."""
+    if s.band_radius is not None:
+        return s.band_radius
+    return max(1, round(model.cfg.patch_size * image_hw[1] / model.cfg.img_size[1]))
+
+
 def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
-    """Per (path, anchors, Q): metrics averaged over images; plus the best-constant row per Q."""
+    """Per point set (uniform, edge band) and (path, anchors, Q): metrics averaged over images; plus the
+    best-constant row per Q. The first point set's rows are also the result's top-level rows."""
     from tqdm import tqdm
 
     n = len(dataset) if s.max_images is None else min(len(dataset), s.max_images)
     device = next(model.parameters()).device
     was_anchors = model.use_anchors
+    bands = POINT_SETS[s.points]
     per: dict[tuple, MetricAccumulator] = {}
-    targets: dict[int, list[torch.Tensor]] = {q: [] for q in s.queries}
-    skipped = 0
+    targets: dict[tuple, list[torch.Tensor]] = {(b, q): [] for b in bands for q in s.queries}
+    skipped = {b: 0 for b in bands}
     focals: list[float] = []
     queried: dict[int, list[float]] = {q: [] for q in s.queries}  # share of patches under the points, per image
-    maps: dict[bool, MetricAccumulator] = {}
+    maps: dict[bool, dict[str, Any]] = {}
+    radius = None
     bar = tqdm(total=n, desc="evaluate", disable=not s.progress, dynamic_ncols=True)
     try:
         for start in range(0, n, s.batch_size):
             samples = [(i, dataset[i]) for i in range(start, min(n, start + s.batch_size))]
             focals += [float(smp.get("focal", 0.0)) for _, smp in samples]
-            for q in s.queries:
-                pts = [(i, smp, eval_points(smp, q, s.seed, i, s.edge_frac)) for i, smp in samples]
-                kept = [(i, smp, p) for i, smp, p in pts if p is not None]
-                if q == s.queries[0]:
-                    skipped += len(pts) - len(kept)
-                if not kept:
-                    continue
-                images = torch.stack([smp["image"] for _, smp, _ in kept]).to(device)
-                points = torch.stack([p for _, _, p in kept]).to(device)  # [B,Q,2]
-                focal = sample_focal([smp for _, smp, _ in kept], s.focal, device)
-                gt = torch.stack([_at(p, smp["depth"]) for _, smp, p in kept])  # [B,Q]
-                targets[q].extend(gt.unbind(0))
-                if s.shares:
-                    mimages, mpoints, _ = to_model_size(model, images, points)
-                    grid = model.grid_of(mimages)
-                    pidx = patch_of_points(mpoints.cpu(), model.cfg.patch_size, grid)
-                    queried[q] += [len(set(r.tolist())) / (grid[0] * grid[1]) for r in pidx]
-                for a in (s.anchors if model.cfg.num_anchors else (False,)):  # a model without anchors: one setting
-                    model.use_anchors = a
-                    for path in s.paths:
-                        pred = run_path(model, path, images, points, focal).cpu()
-                        acc = per.setdefault((path, a, q), MetricAccumulator("image", s.median_scaling))
-                        acc.update(pred, gt, batched=True)
-                    for k in s.context:
-                        if k > bucket_for(min(q, model.cfg.buckets[-1]), model.cfg.buckets) and q <= k:
-                            pred = run_packed_on(model, k, images, points, focal).cpu()
-                            acc = per.setdefault((f"packed@{k}", a, q), MetricAccumulator("image", s.median_scaling))
-                            acc.update(pred, gt, batched=True)
+            if radius is None:
+                radius = band_radius(model, tuple(samples[0][1]["depth"].shape[-2:]), s)
+            for band in bands:
+                regions = [region(smp, band, radius, s.band_threshold) for _, smp in samples]
+                for q in s.queries:
+                    pts = [(i, smp, eval_points(smp, q, s.seed, i, s.edge_frac, reg)) for (i, smp), reg in zip(samples, regions)]
+                    kept = [(i, smp, p) for i, smp, p in pts if p is not None]
+                    if q == s.queries[0]:
+                        skipped[band] += len(pts) - len(kept)
+                    if kept:
+                        _evaluate_points(model, kept, band, q, s, device, per, targets, queried if band == bands[0] else None)
             if s.dense_map:
                 dense_map_update(model, samples, s, maps, device)
             bar.update(len(samples))
     finally:
         model.use_anchors = was_anchors
         bar.close()
-    rows = [{"path": path, "anchors": a, "queries": q, "images": acc.images, **acc.compute()}
-            for (path, a, q), acc in per.items()]
-    const = []
-    for q in s.queries:
-        if targets[q]:
-            c = best_constant(targets[q])
-            acc = MetricAccumulator("image", s.median_scaling)
-            for t in targets[q]:
-                acc.update(torch.full_like(t, c), t)
-            const.append({"path": "constant", "anchors": None, "queries": q, "images": acc.images, "constant_m": c,
-                          **acc.compute()})
-    out = {"rows": rows, "constant": const, "images": n - skipped, "skipped_images": skipped, "settings": asdict(s),
-           "summary": summarize(rows, const), "focal": focal_report(focals, s, model)}
+    out_bands = {}
+    for band in bands:
+        rows = [{"path": path, "anchors": a, "queries": q, "images": acc.images, **acc.compute()}
+                for (b, path, a, q), acc in per.items() if b == band]
+        const = constant_rows(band, s, targets)
+        out_bands[band] = {"rows": rows, "constant": const, "images": n - skipped[band], "skipped_images": skipped[band],
+                           "summary": summarize(rows, const)}
+    first = out_bands[bands[0]]
+    out = {**first, "bands": out_bands, "settings": asdict(s), "focal": focal_report(focals, s, model),
+           "band": {"radius": radius, "threshold": s.band_threshold, "images_without_band": skipped.get("edge")}}
     if s.dense_map:
-        out["dense_map"] = [{"path": "dense map", "anchors": a, "images": acc.images, **acc.compute()}
-                            for a, acc in maps.items() if acc.images]
+        out["dense_map"] = [{"path": "dense map", "anchors": a, "images": m["acc"].images, **m["acc"].compute(),
+                             "boundary_f1": sum(m["f1"]) / len(m["f1"])} for a, m in maps.items() if m["acc"].images]
     if s.shares:
         out["shares"] = selection_shares(model, s.queries, queried)
     return out
+
+
+def region(sample: dict, band: str, radius: int, threshold: float) -> torch.Tensor:
+    """Where a point set draws its points in a sample: its valid pixels inside the evaluation crop, and
+    for "edge" inside the depth-edge band too."""
+    mask = sample["valid"] & sample["eval_mask"]
+    if band == "edge":
+        mask = mask & edge_band(sample["depth"], sample["valid"], radius, threshold)
+    return mask
+
+
+def _evaluate_points(model, kept: list, band: str, q: int, s: EvalSettings, device, per: dict, targets: dict,
+                     queried: dict | None) -> None:
+    """Every path and anchor setting at the Q points of each kept (index, sample, points), into per."""
+    images = torch.stack([smp["image"] for _, smp, _ in kept]).to(device)
+    points = torch.stack([p for _, _, p in kept]).to(device)  # [B,Q,2]
+    focal = sample_focal([smp for _, smp, _ in kept], s.focal, device)
+    gt = torch.stack([_at(p, smp["depth"]) for _, smp, p in kept])  # [B,Q]
+    targets[(band, q)].extend(gt.unbind(0))
+    if s.shares and queried is not None:
+        mimages, mpoints, _ = to_model_size(model, images, points)
+        grid = model.grid_of(mimages)
+        pidx = patch_of_points(mpoints.cpu(), model.cfg.patch_size, grid)
+        queried[q] += [len(set(r.tolist())) / (grid[0] * grid[1]) for r in pidx]
+    for a in (s.anchors if model.cfg.num_anchors else (False,)):  # a model without anchors: one setting
+        model.use_anchors = a
+        for path in s.paths:
+            pred = run_path(model, path, images, points, focal).cpu()
+            per.setdefault((band, path, a, q), MetricAccumulator("image", s.median_scaling)).update(pred, gt, batched=True)
+        for k in s.context:
+            if k > bucket_for(min(q, model.cfg.buckets[-1]), model.cfg.buckets) and q <= k:
+                pred = run_packed_on(model, k, images, points, focal).cpu()
+                acc = per.setdefault((band, f"packed@{k}", a, q), MetricAccumulator("image", s.median_scaling))
+                acc.update(pred, gt, batched=True)
+
+
+def constant_rows(band: str, s: EvalSettings, targets: dict) -> list[dict[str, Any]]:
+    """The best constant's row per Q of one point set."""
+    const = []
+    for q in s.queries:
+        if targets[(band, q)]:
+            c = best_constant(targets[(band, q)])
+            acc = MetricAccumulator("image", s.median_scaling)
+            for t in targets[(band, q)]:
+                acc.update(torch.full_like(t, c), t)
+            const.append({"path": "constant", "anchors": None, "queries": q, "images": acc.images, "constant_m": c,
+                          **acc.compute()})
+    return const
 
 
 def gap_curve(run_dir: str | Path, dataset_for, queries: tuple[int, ...], max_images: int, device: str,
@@ -245,10 +296,11 @@ def gap_curve(run_dir: str | Path, dataset_for, queries: tuple[int, ...], max_im
 
 
 def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, chunk: int = 4) -> None:
-    """The dense map (every pixel) against every valid pixel in the crop, per image, per anchor setting."""
+    """The dense map (every pixel) against every valid pixel in the crop, per image, per anchor setting;
+    and its scale-invariant boundary F1 against the ground truth (Depth Pro's)."""
     for a in (s.anchors if model.cfg.num_anchors else (False,)):
         model.use_anchors = a
-        acc = maps.setdefault(a, MetricAccumulator("image", s.median_scaling))
+        m = maps.setdefault(a, {"acc": MetricAccumulator("image", s.median_scaling), "f1": []})
         for c in range(0, len(samples), chunk):  # a map decodes H*W points: a few images at a time
             part = [smp for _, smp in samples[c:c + chunk]]
             images = torch.stack([smp["image"] for smp in part]).to(device)
@@ -256,7 +308,8 @@ def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, 
             for smp, pred in zip(part, dmap):
                 mask = smp["valid"] & smp["eval_mask"]
                 if bool(mask.any()):
-                    acc.update(pred[mask], smp["depth"][mask])
+                    m["acc"].update(pred[mask], smp["depth"][mask])
+                    m["f1"].append(si_boundary_f1(pred, smp["depth"], mask))
 
 
 def dense_map(model, images: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor:
@@ -318,8 +371,25 @@ def quick_eval(model, dataset, q: int, max_images: int, seed: int = 0) -> dict[s
 
 # ---- reports ------------------------------------------------------------------------------------
 def to_markdown(result: dict[str, Any], title: str = "") -> str:
+    """eval.md: a table per point set (uniform, edge band), then each set's summary lines."""
+    lines = [f"# {title}" if title else ""]
+    for band, r in result["bands"].items():
+        lines += ["", f"## {_band_words(band, result)}", ""] if len(result["bands"]) > 1 else [""]
+        lines += _band_markdown(r, result["settings"])
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _band_words(band: str, result: dict[str, Any]) -> str:
+    if band == "uniform":
+        return "Uniform points"
+    b = result["band"]
+    return (f"Depth-edge band: points within {b['radius']} px of a depth discontinuity (neighbour ratio > "
+            f"{b['threshold']:g})")
+
+
+def _band_markdown(result: dict[str, Any], settings: dict[str, Any]) -> list[str]:
     head = "| path | anchors | Q | " + " | ".join(METRICS) + " |"
-    lines = [f"# {title}" if title else "", "", head, "|" + " --- |" * (3 + len(METRICS))]
+    lines = [head, "|" + " --- |" * (3 + len(METRICS))]
     order = {p: i for i, p in enumerate(PATHS)}
     rows = sorted(result["rows"], key=lambda r: (r["queries"], not r["anchors"], order.get(r["path"], 9),
                                                  int(r["path"].split("@")[1]) if "@" in r["path"] else 0))
@@ -328,9 +398,9 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
             a = "-" if r["anchors"] is None else ("on" if r["anchors"] else "off")
             name = r["path"] if r["path"] != "constant" else f"constant {r['constant_m']:.3g} m"
             lines.append(f"| {name} | {a} | {q} | " + " | ".join(f"{r[k]:.4f}" for k in METRICS) + " |")
-    lines += ["", f"{result['images']} images ({result['skipped_images']} without a valid pixel in the crop skipped); "
-              f"metrics per image, averaged; median scaling {'on' if result['settings']['median_scaling'] else 'off'}; "
-              f"query points {_points_words(result['settings'].get('edge_frac', 0.0))}.", ""]
+    lines += ["", f"{result['images']} images ({result['skipped_images']} without a pixel to draw from skipped); "
+              f"metrics per image, averaged; median scaling {'on' if settings['median_scaling'] else 'off'}; "
+              f"query points {_points_words(settings.get('edge_frac', 0.0))}.", ""]
     for key, e in result["summary"].items():
         parts = [f"- {key}: best constant AbsRel {e['constant_abs_rel']:.4f}"]
         if e.get("packed_abs_rel") is not None:
@@ -342,17 +412,19 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
         if e.get("packed_abs_rel_no_anchors") is not None:
             parts.append(f"packed without anchors {e['packed_abs_rel_no_anchors']:.4f}")
         lines.append(", ".join(parts))
-    return "\n".join(lines).lstrip("\n") + "\n"
+    return lines
 
 
 def extra_markdown(result: dict[str, Any]) -> str:
     """The dense-map rows and the share table, when they were asked for ('' otherwise)."""
     lines = []
     if result.get("dense_map"):
-        lines += ["", "Dense map: every valid pixel in the crop (not only the queried points).", "",
-                  "| path | anchors | " + " | ".join(METRICS) + " |", "|" + " --- |" * (2 + len(METRICS))]
+        lines += ["", "Dense map: every valid pixel in the crop (not only the queried points); boundary F1: Depth Pro's "
+                  "scale-invariant one against the ground truth.", "",
+                  "| path | anchors | " + " | ".join(METRICS) + " | boundary F1 |", "|" + " --- |" * (3 + len(METRICS))]
         for r in result["dense_map"]:
-            lines.append(f"| dense map | {'on' if r['anchors'] else 'off'} | " + " | ".join(f"{r[k]:.4f}" for k in METRICS) + " |")
+            lines.append(f"| dense map | {'on' if r['anchors'] else 'off'} | " + " | ".join(f"{r[k]:.4f}" for k in METRICS)
+                         + f" | {r['boundary_f1']:.4f} |")
     if result.get("shares"):
         def get(path, a, q):
             return next((r["abs_rel"] for r in result["rows"] if r["path"] == path and r["anchors"] == a
@@ -516,6 +588,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--edge-frac", type=float, default=0.0,
                     help="share of query points drawn at image edges (0: uniform, the standard protocol; "
                          "0.5: as in training, harder: depth edges)")
+    ap.add_argument("--points", choices=tuple(POINT_SETS), default="both",
+                    help="where the query points are drawn: uniform over the valid pixels, inside the depth-edge band "
+                         "(pixels near a depth discontinuity, where resolution decides), or both (a table each)")
+    ap.add_argument("--band-radius", type=int, default=None, metavar="PX",
+                    help="the edge band's radius in pixels of the evaluated images (default: one patch of the model)")
+    ap.add_argument("--band-threshold", type=float, default=EDGE_THRESHOLD, metavar="RATIO",
+                    help=f"a neighbour depth ratio above this is a discontinuity (default {EDGE_THRESHOLD})")
     ap.add_argument("--focal", choices=("data", "default"), default="data",
                     help="data: give the model each image's focal length where the data set has it; default: "
                          "give none (the model's focal_default). Models without canonical_focal ignore it")
@@ -549,7 +628,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                   ("--batch-size", a.batch_size, a.batch_size >= 1, ">= 1"),
                                   ("--max-images", a.max_images, a.max_images is None or a.max_images >= 1, ">= 1"),
                                   ("--figure-images", a.figure_images, a.figure_images >= 0, ">= 0"),
-                                  ("--edge-frac", a.edge_frac, 0.0 <= a.edge_frac <= 1.0, "in [0, 1]")):
+                                  ("--edge-frac", a.edge_frac, 0.0 <= a.edge_frac <= 1.0, "in [0, 1]"),
+                                  ("--band-radius", a.band_radius, a.band_radius is None or 0 <= a.band_radius <= 4096,
+                                   "a whole number of pixels in [0, 4096]"),
+                                  ("--band-threshold", a.band_threshold, 1.0 < a.band_threshold <= 100.0, "a ratio in (1, 100]")):
         if not ok:
             ap.error(f"{flag} {value}: must be {need}")
     return a
@@ -574,7 +656,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ds = dataset_for(model)
     anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
     s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
-                     edge_frac=a.edge_frac, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
+                     edge_frac=a.edge_frac, points=a.points, band_radius=a.band_radius, band_threshold=a.band_threshold,
+                     max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
                      progress=not a.no_progress, focal=a.focal, dense_map=a.dense_map, shares=a.curve,
                      context=tuple(a.context))
     result = evaluate(model, ds, s)

@@ -110,3 +110,40 @@ class MetricAccumulator:
         if self.per == "pixel":
             return _from_sums(self._pixel_sum)
         return {k: v / self.images for k, v in self._image_sum.items()}
+
+
+# ---- boundaries (Depth Pro's scale-invariant boundary F1) -----------------------------------------
+def _occlusions(depth: torch.Tensor, pair_valid: tuple[torch.Tensor, ...], t: float) -> tuple[torch.Tensor, ...]:
+    """Where a pixel occludes its right / lower / left / upper neighbour by a depth ratio above t."""
+    right, down = depth[:, 1:] / depth[:, :-1], depth[1:, :] / depth[:-1, :]
+    h, v = pair_valid
+    return (h & (right > t), v & (down > t), h & (1.0 / right > t), v & (1.0 / down > t))
+
+
+def boundary_f1(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, t: float) -> float:
+    """F1 of the occlusion boundaries at ratio t: pairs of 4-neighbours where one is nearer than the other
+    by more than t, in each of the four directions, pred against target, over pairs whose two target
+    pixels are valid (Depth Pro's boundary_f1, with its precision and recall averaged over directions)."""
+    pair_valid = (valid[:, 1:] & valid[:, :-1], valid[1:, :] & valid[:-1, :])
+    p = torch.where(valid, pred.double().clamp_min(1e-6), 1.0)
+    g = torch.where(valid, target.double(), 1.0)
+    rec = prec = 0.0
+    for a, b in zip(_occlusions(p, pair_valid, t), _occlusions(g, pair_valid, t)):
+        hit = float((a & b).sum())
+        rec += 0.25 * hit / max(float(b.sum()), 1.0)
+        prec += 0.25 * hit / max(float(a.sum()), 1.0)
+    return 0.0 if rec + prec == 0 else 2 * rec * prec / (rec + prec)
+
+
+def si_boundary_f1(pred, target, valid, t_min: float = 1.05, t_max: float = 1.25, n: int = 10) -> float:
+    """Depth Pro's scale-invariant boundary F1 of one dense map [H,W]: boundary_f1 at n ratios from t_min to
+    t_max, weighted by the ratio. Scale-invariant: only ratios of neighbouring depths enter. As in Depth
+    Pro, a direction in which the target has no boundary adds 0 to the recall (a map whose boundaries
+    all face one way scores at most 0.25; natural images have them in all four directions)."""
+    pred, target, valid = torch.as_tensor(pred), torch.as_tensor(target), torch.as_tensor(valid).bool()
+    if pred.ndim != 2 or pred.shape != target.shape or valid.shape != target.shape:
+        raise ValueError(f"si_boundary_f1 takes maps [H,W] of one shape, got {tuple(pred.shape)}, "
+                         f"{tuple(target.shape)}, {tuple(valid.shape)}")
+    ts = torch.linspace(t_min, t_max, n, dtype=torch.float64)
+    w = ts / ts.sum()
+    return float(sum(float(wi) * boundary_f1(pred, target, valid, float(ti)) for ti, wi in zip(ts, w)))
