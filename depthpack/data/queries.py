@@ -66,13 +66,14 @@ def edge_band(depth: torch.Tensor, valid: torch.Tensor, radius: int, threshold: 
 
 
 def sample_queries(valid: torch.Tensor, image: torch.Tensor, q: int, generator: torch.Generator,
-                   edge_frac: float = 0.5) -> torch.Tensor:
+                   edge_frac: float = 0.5, band: torch.Tensor | None = None) -> torch.Tensor:
     """q points among the valid pixels: float32 [q,2] (x, y), integer-valued.
 
-    round(q * edge_frac) points are drawn with probability proportional to the Sobel magnitude of the
-    image (plus a tiny floor, so flat images still work), the rest uniformly; the two parts are
-    shuffled together. Without replacement when there are at least as many valid pixels as a part
-    needs, with replacement otherwise.
+    round(q * edge_frac) points are drawn at edges: uniformly inside `band` (a bool [H,W], the depth-edge
+    band) when it is given and holds a valid pixel, else with probability proportional to the Sobel
+    magnitude of the image (plus a tiny floor, so flat images still work); the rest uniformly; the two
+    parts are shuffled together. Without replacement when there are at least as many valid pixels as
+    a part needs, with replacement otherwise.
     """
     if valid.ndim != 2 or valid.dtype != torch.bool:
         raise ValueError(f"valid must be a bool tensor [H,W], got {tuple(valid.shape)} {valid.dtype}")
@@ -90,7 +91,10 @@ def sample_queries(valid: torch.Tensor, image: torch.Tensor, q: int, generator: 
     parts = []
     if n_uni:
         parts.append(torch.multinomial(vflat.cpu(), n_uni, replacement=n_uni > nvalid, generator=generator))
-    if n_edge:
+    inband = None if band is None else (band.reshape(-1) & valid.reshape(-1)).float().cpu()
+    if n_edge and inband is not None and inband.sum() > 0:
+        parts.append(torch.multinomial(inband, n_edge, replacement=n_edge > int(inband.sum()), generator=generator))
+    elif n_edge:
         mag = sobel_magnitude(image).reshape(-1).cpu()
         w = (mag + 1e-6 * (1.0 + mag.max())) * vflat.cpu()
         parts.append(torch.multinomial(w, n_edge, replacement=n_edge > nvalid, generator=generator))

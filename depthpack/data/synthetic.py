@@ -27,6 +27,7 @@ from .raycast import cast_and_shade, pack
 from .config import NO_FAMILIES, RIGS, Families  # noqa: F401  (Families, NO_FAMILIES: re-exported)
 
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
+PRIM_KINDS_OF = {"Plane": 0, "Box": 1, "Sphere": 2, "Cylinder": 3}  # raycast.PRIM_KINDS
 WIDTH_REF = 560  # thin structures are 1-4 pixels wide in an image of this width (420x560)
 
 
@@ -467,9 +468,21 @@ def render_batch(seed: int, indices, img_size: tuple[int, int], scene: str = "in
     it is rendered in, its colour within float32 rounding (vectorized sin and atan2 round by position)."""
     H, W = int(img_size[0]), int(img_size[1])
     drawn = [draw(seed, i, (H, W), scene, split, rig, families) for i in indices]
-    image, depth = cast_and_shade(pack([(sc, cam) for sc, cam, _ in drawn], device), H, W, shadows)
+    image, depth = render_drawn([(sc, cam) for sc, cam, _ in drawn], device, H, W, shadows)
     K = torch.from_numpy(np.stack([cam.K for _, cam, _ in drawn])).to(device)
     return dict(image=image, depth=depth, K=K, scene=[k for _, _, k in drawn])
+
+
+def render_drawn(drawn: list, device, H: int, W: int, shadows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drawn (Scene, Camera) pairs rendered on device: image [B,H,W,3], depth [B,H,W] (raycast.cast_and_shade).
+    On a CPU in one thread: the caster's small ops, split over threads, spend more on waiting than working."""
+    threads = torch.get_num_threads()
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return cast_and_shade(pack(drawn, device), H, W, shadows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def render(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoor", split: str = "train",
@@ -483,26 +496,52 @@ def render(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoo
     return dict(image=r["image"][0].numpy(), depth=r["depth"][0].numpy(), K=r["K"][0].numpy(), scene=r["scene"][0])
 
 
-def figure(path: str, n: int = 6, size: tuple[int, int] = (192, 256)) -> None:
-    """A PNG of n indoor and n outdoor scenes: image above, depth (turbo, 0 = sky in black) below."""
+def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int = 3, radius: int = 14) -> None:
+    """A PNG of n scenes (alternately a room and a street) at size: the image, its depth (turbo, sky in
+    black), and the image with the primitives the families added (red) and the depth-edge band of the
+    given radius (blue, one vits patch by default)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(4, n, figsize=(3 * n, 9.5))
+    from .queries import edge_band
+
+    fig, ax = plt.subplots(n, 3, figsize=(3 * 4.2, n * 3.3))
     for j in range(n):
-        for r, kind in enumerate(("indoor", "outdoor")):
-            s = render(0, j, size, kind)
-            d = np.ma.masked_equal(s["depth"], 0.0)
-            ax[2 * r, j].imshow(s["image"])
-            ax[2 * r, j].set_title(f"{kind} {j}", fontsize=9)
-            im = ax[2 * r + 1, j].imshow(d, cmap="turbo")
-            ax[2 * r + 1, j].set_facecolor("black")
-            ax[2 * r + 1, j].set_title(f"depth {d.min():.1f}-{d.max():.1f} m", fontsize=9)
-            fig.colorbar(im, ax=ax[2 * r + 1, j], fraction=0.046)
+        kind = ("indoor", "outdoor")[j % 2]
+        sc, cam, _ = draw(seed, j, size, kind, "train", "fixed")
+        image, depth = render_drawn([(sc, cam)], "cpu", *size)
+        image, depth = image[0].numpy(), depth[0]
+        band = edge_band(depth, depth > 0, radius).numpy()
+        fam = _family_mask(sc, cam, size)
+        over = image * 0.6
+        over[band] = 0.4 * over[band] + 0.6 * np.array([0.2, 0.45, 1.0])
+        over[fam] = np.array([1.0, 0.15, 0.1])
+        d = np.ma.masked_equal(depth.numpy(), 0.0)
+        ax[j, 0].imshow(image)
+        ax[j, 0].set_title(f"{kind} {j}", fontsize=9)
+        im = ax[j, 1].imshow(d, cmap="turbo")
+        ax[j, 1].set_facecolor("black")
+        ax[j, 1].set_title(f"depth {d.min():.1f}-{d.max():.1f} m", fontsize=9)
+        fig.colorbar(im, ax=ax[j, 1], fraction=0.035)
+        ax[j, 2].imshow(over)
+        ax[j, 2].set_title(f"families (red), edge band r={radius} px (blue): {100 * band.mean():.0f}% of pixels", fontsize=9)
     for a in ax.ravel():
         a.set_xticks([])
         a.set_yticks([])
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _family_mask(sc: Scene, cam: Camera, size: tuple[int, int]) -> np.ndarray:
+    """[H,W] bool: the pixels whose nearest hit is a primitive one of the families added."""
+    from .raycast import cast
+
+    _, kind, slot, _ = cast(pack([(sc, cam)], "cpu"), *size)
+    own = set()
+    for gid in sc.family:  # each family primitive's (kind, slot) in the packed tables
+        k = PRIM_KINDS_OF[type(sc.prims[gid]).__name__]
+        own.add((k, sum(1 for g in range(gid) if type(sc.prims[g]) is type(sc.prims[gid]))))
+    k, s = kind.view(*size).numpy(), slot.view(*size).numpy()
+    return np.isin(k * 65536 + s, [a * 65536 + b for a, b in own])

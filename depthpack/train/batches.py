@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..data.queries import sample_queries
+from ..data.queries import edge_band, sample_queries
 from .config import TrainConfig, draw_bucket, draw_q
 
 
@@ -69,9 +69,9 @@ class WithQueries(torch.utils.data.Dataset):
     """
 
     def __init__(self, base, seed: int, rank: int, edge_frac: float, hflip: bool = False, extra_points: int = 0,
-                 patch_size: int = 1):
+                 patch_size: int = 1, edge_source: str = "image"):
         self.base, self.seed, self.rank, self.edge_frac, self.hflip = base, seed, rank, edge_frac, hflip
-        self.extra_points, self.patch_size = extra_points, patch_size
+        self.extra_points, self.patch_size, self.edge_source = extra_points, patch_size, edge_source
 
     def __len__(self) -> int:
         return len(self.base)
@@ -82,7 +82,8 @@ class WithQueries(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(((self.seed * 7919 + step) * 131 + self.rank) * 1031 + slot)
         if self.hflip and bool(torch.rand((), generator=g) < 0.5):
             sample = hflip_sample(sample)
-        sample["points"] = sample_queries(sample["valid"], sample["image"], q, g, edge_frac=self.edge_frac).float()
+        band = edge_band(sample["depth"], sample["valid"], self.patch_size) if self.edge_source == "depth" else None
+        sample["points"] = sample_queries(sample["valid"], sample["image"], q, g, self.edge_frac, band).float()
         if self.extra_points:  # pixels inside the patches of the queries (any pixel: invalid ones are masked)
             n, p = q * self.extra_points, self.patch_size
             parent = torch.randint(q, (n,), generator=g)
@@ -115,7 +116,7 @@ def host_batches(dataset, cfg: TrainConfig, rank: int, world: int, start_step: i
     """The batches of steps start_step+1 .. cfg.steps, made by a DataLoader (one per epoch) and copied to device."""
     buckets = cfg.model_config().buckets
     wrapped = WithQueries(dataset, cfg.seed, rank, cfg.edge_frac, cfg.hflip, cfg.extra_points,
-                          cfg.model_config().patch_size)
+                          cfg.model_config().patch_size, cfg.edge_source)
     B = cfg.batch_size
     for perm, steps, offset in batch_order(len(dataset), cfg, world, rank, start_step, "the data set"):
         qs = [draw_q(cfg, buckets, s) for s in steps]

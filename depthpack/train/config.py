@@ -43,7 +43,9 @@ class TrainConfig:
     queries: list[int] | None = None  # Q values to draw from each step; None: every bucket in [q_min, q_max]
     q_min: int = 1
     q_max: int | None = None  # None: the largest bucket
-    edge_frac: float = 0.5  # share of edge-weighted query samples (sample_queries)
+    edge_frac: float = 0.5  # share of query points drawn at edges (sample_queries)
+    edge_source: str = "image"  # where those are drawn: "image" (Sobel magnitude of the image) or "depth" (inside
+    #                             the depth-edge band, one patch around the ground truth's discontinuities)
     extra_points: int = 0  # per query, supervision points drawn inside its patch: more signal for the same tokens
     hflip: bool = False  # mirror a training sample left-right with probability 1/2 (seeded like its points)
     ckpt_every: int = 200  # steps between checkpoints (and one at the end)
@@ -103,6 +105,8 @@ class TrainConfig:
                          ("backbone_lr_ratio", 0), ("grad_clip", 0)):
             if getattr(self, name) < lo:
                 problems.append(f"{name} must be >= {lo}, got {getattr(self, name)}")
+        if self.edge_source not in ("image", "depth"):
+            problems.append(f"edge_source must be image or depth, got {self.edge_source!r}")
         if self.train_path not in ("packed", "dense"):
             problems.append(f"train_path must be packed or dense, got {self.train_path!r}")
         for name in ("min_lr_ratio", "silog_lambda"):

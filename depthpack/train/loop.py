@@ -36,7 +36,7 @@ from ..data.datasets import make_dataset
 from ..eval.evaluate import quick_eval
 from .batches import Batch, host_batches
 from .config import TrainConfig, draw_bucket, dump_yaml, load_train_config
-from .device_data import DeviceScenes, device_stream
+from .device_data import DeviceScenes, FreshScenes, device_stream
 from .log import Meter, RunLog, sync
 from .losses import PackedObjective
 from .step import TrainStep, check_graph_config, plain_lr_state
@@ -224,10 +224,12 @@ def _validate(model: DepthPack, cfg: TrainConfig, step: int, log: RunLog) -> dic
 
 
 # ---- data ---------------------------------------------------------------------------------------
-def open_batches(cfg: TrainConfig, d: Dist, start_step: int) -> tuple[Iterator[Batch], int]:
+def open_batches(cfg: TrainConfig, d: Dist, start_step: int) -> tuple[Iterator[Batch], int | str]:
     """The batches of steps start_step+1 .. cfg.steps on the device, from the data path cfg names (chosen
-    here, once), and the number of training samples."""
+    here, once), and the number of training samples ("fresh": a new batch of scenes every step)."""
     mcfg = cfg.model_config()
+    if cfg.data.fresh:
+        return FreshScenes(cfg, mcfg, d.device, d.world, d.rank).batches(start_step), "fresh"
     train_set = make_dataset(cfg.data, split="train", img_size=mcfg.img_size, min_depth=mcfg.min_depth,
                              max_depth=mcfg.max_depth)
     if cfg.data.cache and hasattr(train_set, "prefill") and start_step < cfg.steps:
@@ -262,7 +264,7 @@ def start(cfg: TrainConfig, d: Dist) -> tuple[Path, DepthPack, torch.optim.Optim
     """The run folder ready (config.yaml written), the model, its optimizer and schedule, and the step
     they start from (restore); every refusal comes before anything is written."""
     out = Path(cfg.out_dir)
-    check_graph_config(cfg.graph, d.device, cfg.data.device_cache, d.world, cfg.compile)
+    check_graph_config(cfg.graph, d.device, cfg.data.device_cache or cfg.data.fresh, d.world, cfg.compile)
     if d.main:
         prepare_out_dir(out)
     if d.world > 1:
@@ -323,7 +325,7 @@ def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
                                "wall_s": round(wall, 2), "world_size": d.world, "device": str(d.device)}
     if stopped is not None:
         summary["stopped_early"] = stopped
-    path = "device" if cfg.data.device_cache else "host"
+    path = "fresh" if cfg.data.fresh else "device" if cfg.data.device_cache else "host"
     summary["throughput"] = meter.summary(step - start_step, wall, data_path=path, data_setup_s=data_setup_s,
                                           compile=cfg.compile, graph=cfg.graph, graph_capture_s=train_step.capture_s,
                                           scenes=scenes, batch_size=cfg.batch_size)

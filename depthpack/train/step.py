@@ -41,8 +41,8 @@ def check_graph_config(graph: bool, device: torch.device, device_data: bool, wor
     if device.type != "cuda":
         raise ValueError(f"graph=true captures the training step in a CUDA graph: it needs a CUDA device, not {device}")
     if not device_data:
-        raise ValueError("graph=true needs data.device_cache=true: the device data path pads every batch to its "
-                         "bucket, so each bucket has one shape to capture (the host path's shapes follow Q)")
+        raise ValueError("graph=true needs data.device_cache=true or data.fresh=true: the device data paths pad every "
+                         "batch to its bucket, so each bucket has one shape to capture (the host path's shapes follow Q)")
     if world > 1:
         raise ValueError(f"graph=true runs one process; this run has {world} (under torchrun set graph=false)")
 

@@ -113,3 +113,27 @@ def test_ties_go_to_the_primitive_drawn_first():
         assert (kind == rc.PRIM_KINDS.index(rc.kind_of(winner))).all(), (prims, kind)
         img, _ = rc.cast_and_shade(rc.pack([(scene, cam)]), H, W, shadows=False)
         assert torch.allclose(img, torch.tensor(mats[want].c1[0] ** 0.5, dtype=torch.float32))
+
+
+def test_families_add_their_objects_and_change_nothing_else():
+    base = [syn.draw(5, i, (420, 560), "mixed", "train", "fixed", syn.NO_FAMILIES) for i in range(24)]
+    full = [syn.draw(5, i, (420, 560), "mixed", "train", "fixed") for i in range(24)]
+    counts = {"thin": 0, "distant": 0, "front": 0}
+    for (b, bcam, bk), (f, fcam, fk) in zip(base, full):
+        assert bk == fk and np.array_equal(bcam.R, fcam.R) and not b.family
+        assert [repr(p) for p in f.prims[:len(b.prims)]] == [repr(p) for p in b.prims]  # the room or street as it was
+        assert set(f.family) == set(range(len(b.prims), len(f.prims)))  # everything added belongs to a family
+        for gid, fam in f.family.items():
+            p = f.prims[gid]
+            z = float((p.c - fcam.origin) @ fcam.R[:, 2])
+            counts[fam] += 1
+            if fam == "thin" and isinstance(p, syn.Cylinder) and p.height > 0.1:  # legs, posts, poles
+                top = p.c + np.array([0.0, 0.5 * p.height, 0.0])
+                zmid = max(float((top - fcam.origin) @ fcam.R[:, 2]), 0.3)
+                assert 0.99 <= 2 * p.r * fcam.fx / zmid <= 4.01  # 1-4 px wide at 420x560, at its middle
+            if fam == "front" and isinstance(p, syn.Cylinder):
+                assert 0.5 < z < 8.5
+            if fam == "distant" and fk == "outdoor":
+                assert z > 15.0
+    assert all(counts.values()), counts
+
