@@ -246,6 +246,24 @@ def bag_section(r: dict | None, out: Path) -> list[str]:
             f"`{rel_to(csv, out)}`, the report `{rel_to(bag.with_name(bag.name + '.json'), out)}`.", ""]
 
 
+def band_table(result: dict) -> list[str]:
+    """AbsRel (anchors on) on uniform points beside the depth-edge band's, per path and Q."""
+    bands = result.get("bands", {})
+    if set(bands) != {"uniform", "edge"}:
+        return []
+
+    def get(band, path, q):
+        return next((f"{r['abs_rel']:.4f}" for r in bands[band]["rows"] if r["path"] == path and r["queries"] == q
+                     and r["anchors"] is not False), "-")
+    paths = [p for p in ("packed", "dense") if any(r["path"] == p for r in bands["uniform"]["rows"])]
+    lines = [f"AbsRel on uniform points and in the depth-edge band (within {result['band']['radius']} px of a depth "
+             f"discontinuity):", "", "| Q | " + " | ".join(f"{p} uniform | {p} edge band" for p in paths) + " |",
+             "|" + " --- |" * (1 + 2 * len(paths))]
+    for q in sorted({r["queries"] for r in bands["uniform"]["rows"]}):
+        lines.append(f"| {q} | " + " | ".join(f"{get('uniform', p, q)} | {get('edge', p, q)}" for p in paths) + " |")
+    return lines + [""]
+
+
 def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
     lines = ["# depthpack demo report", "",
              f"Machine: {info['machine']}. torch {torch.__version__}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "",
@@ -256,8 +274,9 @@ def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
     if train:
         lines += ["## Training", "", f"{info.get('recipe', 'configs/demo.yaml')}: {json.dumps(train)}", ""]
     if (out / "eval" / "eval.md").is_file():
-        lines += ["## Accuracy on held-out synthetic scenes (packed vs masked vs dense)", "",
-                  (out / "eval" / "eval.md").read_text().strip(), ""]
+        lines += ["## Accuracy on held-out synthetic scenes (packed vs masked vs dense)", ""]
+        lines += band_table(json.loads((out / "eval" / "eval.json").read_text()))
+        lines += [(out / "eval" / "eval.md").read_text().strip(), ""]
         lines += [f"![depth]({rel_to(p, out)})" for p in sorted((out / "eval").glob("eval*.png"))] + [""]
     if (out / "selection.png").is_file():
         lines += ["## What the packer selected", "", f"![selection]({rel_to(out / 'selection.png', out)})", ""]

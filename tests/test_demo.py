@@ -99,3 +99,16 @@ def test_bag_step_runs_the_model_over_a_recording_and_reports_it(tmp_path, monke
     assert row in section
     for name in ("`recording_depth`", "`recording_depth.csv`", "`recording_depth.json`", "`recording`"):
         assert name in section
+
+
+def test_report_shows_the_edge_band_beside_uniform():
+    from depthpack.demo import band_table
+
+    def rows(v):
+        return [{"path": p, "anchors": a, "queries": q, "abs_rel": v + (0.01 if a is False else 0) + q / 1000}
+                for p in ("packed", "dense") for a in (True, False) for q in (16, 64)]
+    result = {"bands": {"uniform": {"rows": rows(0.1)}, "edge": {"rows": rows(0.3)}}, "band": {"radius": 8}}
+    lines = band_table(result)
+    assert "within 8 px" in lines[0] and lines[2].startswith("| Q | packed uniform | packed edge band |")
+    assert lines[4] == "| 16 | 0.1160 | 0.3160 | 0.1160 | 0.3160 |" and lines[5].startswith("| 64 | 0.1640 | 0.3640")
+    assert band_table({"bands": {"uniform": {"rows": rows(0.1)}}}) == []  # one point set: no side-by-side table
