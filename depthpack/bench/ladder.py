@@ -43,6 +43,7 @@ import torch
 from ..core import cli
 from ..core.checkpoint import load_model
 from ..core.config import PRESETS
+from ..core.provenance import commit
 from ..core.fast import REFERENCE, Recipe, fast_recipe
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..core.model import DepthPack, create_model
@@ -158,11 +159,7 @@ def gpu_info(device: torch.device) -> dict:
             info["nvidia_smi"] = dict(zip(q.split(","), [s.strip() for s in out[0].split(",")])) if out else None
         except (OSError, subprocess.SubprocessError):
             info["nvidia_smi"] = None
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        timeout=10, cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = None
+    info["commit"] = commit()
     return info
 
 

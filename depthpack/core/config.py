@@ -18,6 +18,7 @@ import yaml
 
 
 CONTEXTS = ("thumbnail", "glance", "pooled")
+QUERY_HEADS = ("direct", "residual")
 
 
 @dataclass
@@ -40,6 +41,10 @@ class ModelConfig:
     head_dim: int = 128  # hidden width of the query head
     head_freqs: int = 4  # Fourier frequencies of the in-patch offset encoding
     head_abs_pos: bool = False  # the head also reads the point's position in the image (Fourier, same freqs)
+    glance_depth: bool = False  # context "glance": the glance tokens decode depth anywhere in the image (GlanceHead,
+    #   a low-resolution dense depth model in every buffer), trained by a dense loss over the glance image's pixels
+    query_head: str = "direct"  # "direct": a query's depth from its patch token (QueryHead); "residual" (needs
+    #   glance_depth): the glance depth at the point times exp(a residual from its patch token) (ResidualHead)
     min_depth: float = 0.1  # meters
     max_depth: float = 80.0
     # metric depth that follows the lens (Metric3D's canonical camera): None = off (no focal input,
@@ -71,6 +76,12 @@ class ModelConfig:
             if gh < 1 or gw < 1 or H % gh or W % gw:
                 problems.append(f"glance_grid {self.glance_grid} must be two positive divisors of img_size {self.img_size} "
                                 f"(each region one box of whole pixels)")
+        if self.glance_depth and self.context != "glance":
+            problems.append(f"glance_depth needs context 'glance' (the glance tokens decode the depth), got {self.context!r}")
+        if self.query_head not in QUERY_HEADS:
+            problems.append(f"query_head {self.query_head!r} must be one of {', '.join(QUERY_HEADS)}")
+        elif self.query_head == "residual" and not self.glance_depth:
+            problems.append("query_head 'residual' needs glance_depth (the residual corrects the glance depth)")
         if not 0 <= self.registers <= min(self.buckets or (0,)):
             problems.append(f"registers {self.registers} must lie in [0, {min(self.buckets or (0,))}] (no more than the "
                             f"smallest bucket's patch slots)")
@@ -99,6 +110,11 @@ class ModelConfig:
     @property
     def uses_focal(self) -> bool:
         return self.canonical_focal is not None
+
+    @property
+    def glance_map_size(self) -> tuple[int, int]:
+        """(rows, cols) of the glance's depth map: the glance image, each glance token a patch of it."""
+        return self.glance_grid[0] * self.patch_size, self.glance_grid[1] * self.patch_size
 
     @property
     def grid(self) -> tuple[int, int]:

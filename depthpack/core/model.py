@@ -43,31 +43,15 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)
 
 
-class QueryHead(nn.Module):
-    """Depth at a point from its patch token and its offset inside the patch (sub-patch precision).
+class PointDecoder(nn.Module):
+    """One number at a point from a token's feature and the point's offset u from it (Fourier-encoded):
+    mlp(tok(norm(feature)) + off(fourier(u))). The query, glance and residual heads are this."""
 
-    depth = exp(log_min + (log_max - log_min) * sigmoid(mlp(tok(feature) + off(fourier(offset))
-                                                          [+ pos(fourier(position in the image))])))
-    so depth is positive and bounded to [min_depth, max_depth] by construction. The optional
-    position term (abs_img_size given) lets the head write depth as a smooth function of where the
-    point is, which a fixed camera makes informative (the floor's depth is a function of the row),
-    instead of a token-wise constant plus an in-patch correction.
-    """
-
-    def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float,
-                 abs_img_size: tuple[int, int] | None = None, canonical_range: tuple[float, float] | None = None):
+    def __init__(self, dim: int, hidden: int, freqs: int):
         super().__init__()
-        self.patch_size = patch_size
-        self.min_depth, self.max_depth = float(min_depth), float(max_depth)
-        # the sigmoid's range: the metric range, or (with the focal scaling) the canonical camera's
-        # range, wide enough that scale * depth still reaches every metric depth (see decode)
-        lo, hi = canonical_range if canonical_range is not None else (min_depth, max_depth)
-        self.log_min, self.log_max = math.log(lo), math.log(hi)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.tok = nn.Linear(dim, hidden)
         self.off = nn.Linear(2 + 4 * freqs, hidden, bias=False)
-        self.abs_wh = None if abs_img_size is None else (float(abs_img_size[1]), float(abs_img_size[0]))
-        self.pos = nn.Linear(2 + 4 * freqs, hidden, bias=False) if abs_img_size is not None else None
         self.mlp = nn.Sequential(nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
         # integer exponents: a dtype cast of the module (model.to(bf16)) cannot round them
         self.register_buffer("freq_pow", torch.arange(freqs), persistent=False)
@@ -86,27 +70,130 @@ class QueryHead(nn.Module):
         ang = u.unsqueeze(-1) * self.freq  # [...,2,F]
         return torch.cat([u, ang.sin().flatten(-2), ang.cos().flatten(-2)], dim=-1)
 
+    def value(self, htok: torch.Tensor, u: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        # htok [...,hidden], u [...,2] -> [...] float32; extra [...,hidden] added before the MLP
+        h = htok + self.off(self.fourier(u).to(htok.dtype))
+        if extra is not None:
+            h = h + extra
+        return self.mlp(h).squeeze(-1).float()
+
+
+class QueryHead(PointDecoder):
+    """Depth at a point from its patch token and its offset inside the patch (sub-patch precision).
+
+    depth = exp(log_min + (log_max - log_min) * sigmoid(mlp(tok(feature) + off(fourier(offset))
+                                                          [+ pos(fourier(position in the image))])))
+    so depth is positive and bounded to [min_depth, max_depth] by construction. The optional
+    position term (abs_img_size given) lets the head write depth as a smooth function of where the
+    point is, which a fixed camera makes informative (the floor's depth is a function of the row),
+    instead of a token-wise constant plus an in-patch correction.
+    """
+
+    def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float,
+                 abs_img_size: tuple[int, int] | None = None, canonical_range: tuple[float, float] | None = None):
+        super().__init__(dim, hidden, freqs)
+        self.patch_size = patch_size
+        self.min_depth, self.max_depth = float(min_depth), float(max_depth)
+        # the sigmoid's range: the metric range, or (with the focal scaling) the canonical camera's
+        # range, wide enough that scale * depth still reaches every metric depth (see decode)
+        lo, hi = canonical_range if canonical_range is not None else (min_depth, max_depth)
+        self.log_min, self.log_max = math.log(lo), math.log(hi)
+        self.abs_wh = None if abs_img_size is None else (float(abs_img_size[1]), float(abs_img_size[0]))
+        self.pos = nn.Linear(2 + 4 * freqs, hidden, bias=False) if abs_img_size is not None else None
+
     def encode_offset(self, points: torch.Tensor) -> torch.Tensor:
-        # points [...,2] float32 pixels -> [..., 2 + 4F]; u in [-0.5, 0.5) inside the patch
-        return self.fourier(torch.remainder(points.float(), self.patch_size) / self.patch_size - 0.5)
+        # points [...,2] float32 pixels -> u [...,2] in [-0.5, 0.5) inside the patch
+        return torch.remainder(points.float(), self.patch_size) / self.patch_size - 0.5
 
     def encode_position(self, points: torch.Tensor) -> torch.Tensor:
         # points [...,2] float32 pixels (x, y) -> [..., 2 + 4F]; v in [-0.5, 0.5) across the image
         wh = torch.tensor(self.abs_wh, dtype=torch.float32, device=points.device)
         return self.fourier(points.float() / wh - 0.5)
 
+    def log_depth(self, htok: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        # htok [B,Q,hidden] (the query's token), points [B,Q,2] -> log depth [B,Q] float32, bounded
+        pos = self.pos(self.encode_position(points).to(htok.dtype)) if self.pos is not None else None
+        t = torch.sigmoid(self.value(htok, self.encode_offset(points), pos))
+        return self.log_min + (self.log_max - self.log_min) * t
+
     def decode(self, htok: torch.Tensor, points: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         # htok [B,Q,hidden] (the query's token), points [B,Q,2] -> depth [B,Q] float32 meters.
         # scale [B] (f / canonical focal): the head's depth is the canonical camera's, bounded to the
         # widened canonical range; scaled, it is clamped to the metric [min_depth, max_depth]
-        h = htok + self.off(self.encode_offset(points).to(htok.dtype))
-        if self.pos is not None:
-            h = h + self.pos(self.encode_position(points).to(htok.dtype))
-        t = torch.sigmoid(self.mlp(h).squeeze(-1).float())
-        depth = torch.exp(self.log_min + (self.log_max - self.log_min) * t)
-        if scale is None:
-            return depth
-        return (depth * scale.float().unsqueeze(-1)).clamp(self.min_depth, self.max_depth)
+        return scaled_depth(self.log_depth(htok, points), scale, self.min_depth, self.max_depth)
+
+
+def scaled_depth(log_depth: torch.Tensor, scale: torch.Tensor | None, lo: float, hi: float,
+                 clamp: bool = False) -> torch.Tensor:
+    """exp(log_depth) [B,Q], times the focal scale [B]; clamped to [lo, hi] when scaled or asked to."""
+    depth = torch.exp(log_depth)
+    if scale is not None:
+        depth = depth * scale.float().unsqueeze(-1)
+    return depth.clamp(lo, hi) if scale is not None or clamp else depth
+
+
+class GlanceHead(PointDecoder):
+    """Depth anywhere in the image from the glance tokens, a low-resolution dense depth model.
+
+    The glance grid (rows, cols) tiles the image; a point's depth is LIIF's local ensemble: each of
+    the 4 glance tokens whose centres surround the point decodes it from the point's offset to that
+    centre (in cells, halved into [-0.5, 0.5]), and the 4 log depths are blended bilinearly. Bounded
+    to the query head's range, as its depth is.
+    """
+
+    def __init__(self, dim: int, hidden: int, freqs: int, grid: tuple[int, int], log_range: tuple[float, float]):
+        super().__init__(dim, hidden, freqs)
+        self.grid = grid
+        self.log_min, self.log_max = log_range
+
+    def log_depth(self, gtok: torch.Tensor, points: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        # gtok [B,A,hidden] (token_features of the glance tokens, row-major), points [B,Q,2] pixels of an
+        # image of size hw -> log depth [B,Q] float32
+        B, Q, _ = points.shape
+        rh, rw = self.grid
+        g = points.float() / torch.tensor([hw[1] / rw, hw[0] / rh], device=points.device) - 0.5  # cell coordinates
+        lo = torch.floor(g)
+        frac = g - lo  # [B,Q,2] position between the lower and the upper centre
+        logd, weight = [], []
+        for dy in (0, 1):
+            for dx in (0, 1):
+                cx = (lo[..., 0] + dx).clamp(0, rw - 1)
+                cy = (lo[..., 1] + dy).clamp(0, rh - 1)
+                idx = (cy * rw + cx).long()  # [B,Q]
+                h = torch.gather(gtok, 1, idx.unsqueeze(-1).expand(-1, -1, gtok.shape[-1]))
+                u = 0.5 * (g - torch.stack([cx, cy], -1))  # the offset to that centre, in half cells
+                t = torch.sigmoid(self.value(h, u))
+                logd.append(self.log_min + (self.log_max - self.log_min) * t)
+                wx = frac[..., 0] if dx else 1 - frac[..., 0]
+                wy = frac[..., 1] if dy else 1 - frac[..., 1]
+                weight.append(wx * wy)
+        return sum(w * d for w, d in zip(weight, logd))
+
+    def map_points(self, hw: tuple[int, int], patch_size: int, device) -> torch.Tensor:
+        """[rows*p * cols*p, 2] the centres of the glance image's pixels (rows*p x cols*p, the size the
+        glance tokens see the image at) in pixels of an image of size hw, row-major."""
+        rh, rw = self.grid
+        h, w = rh * patch_size, rw * patch_size
+        ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) * (hw[0] / h)
+        xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) * (hw[1] / w)
+        return torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1).reshape(-1, 2)
+
+
+class ResidualHead(PointDecoder):
+    """The correction a query's full-resolution patch makes to the glance depth at the point: a log-depth
+    residual from the query's token and its offset inside the patch. Zero at initialization, so a new
+    model's queries answer with the glance depth."""
+
+    def __init__(self, dim: int, hidden: int, freqs: int, patch_size: int, min_depth: float, max_depth: float):
+        super().__init__(dim, hidden, freqs)
+        self.patch_size = patch_size
+        self.min_depth, self.max_depth = float(min_depth), float(max_depth)
+        nn.init.zeros_(self.mlp[-1].weight)
+        nn.init.zeros_(self.mlp[-1].bias)
+
+    def residual(self, htok: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        # htok [B,Q,hidden], points [B,Q,2] -> log-depth residual [B,Q] float32
+        return self.value(htok, torch.remainder(points.float(), self.patch_size) / self.patch_size - 0.5)
 
 
 class DepthPack(nn.Module):
@@ -132,8 +219,14 @@ class DepthPack(nn.Module):
             self.registers = nn.Parameter(torch.randn(1, cfg.registers, cfg.embed_dim) * 0.02)
         lo, hi = cfg.focal_ratio_range
         canonical = (cfg.min_depth / hi, cfg.max_depth / lo) if cfg.uses_focal else None
-        self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth,
-                              cfg.img_size if cfg.head_abs_pos else None, canonical)
+        if cfg.query_head == "residual":
+            self.head = ResidualHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth)
+        else:
+            self.head = QueryHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, p, cfg.min_depth, cfg.max_depth,
+                                  cfg.img_size if cfg.head_abs_pos else None, canonical)
+        lo_hi = canonical or (cfg.min_depth, cfg.max_depth)
+        self.glance_head = GlanceHead(cfg.embed_dim, cfg.head_dim, cfg.head_freqs, cfg.glance_grid,
+                                      (math.log(lo_hi[0]), math.log(lo_hi[1]))) if cfg.glance_depth else None
         self.register_buffer("mean", torch.tensor(cfg.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg.std).view(1, 3, 1, 1), persistent=False)
         # the selection's tie-breaker as integer ranks (rank / N in float32 at use): rounded to bf16
@@ -303,29 +396,66 @@ class DepthPack(nn.Module):
         return f * (focal_factor(tuple(images.shape[-2:]), cfg.img_size) / float(cfg.canonical_focal))
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
-    def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
-                         attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """images [B,3,H,W] in [0,1] -> features [B,S,D] of the patches in index (None: all N, row-major),
-        after the prefix (cls, registers, anchors) + those patches ran through the blocks (attn_mask over
-        every key)."""
+    def encode(self, images: torch.Tensor, index: torch.Tensor | None = None,
+               attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """images [B,3,H,W] in [0,1] -> (features [B,S,D] of the patches in index (None: all N, row-major),
+        features [B,A,D] of the glance tokens or None), after the prefix (cls, registers, anchors) + those
+        patches ran through the blocks (attn_mask over every key)."""
         x = self.embedding_input(images)
         pre = self.prefix(x)  # [B,P,D]
         tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,P+S,D]
-        return self.run_blocks(tokens, attn_mask)[:, pre.shape[1]:]
+        out = self.run_blocks(tokens, attn_mask)
+        glance = None
+        if self.glance_head is not None and self.use_anchors:
+            start = 1 + self.cfg.registers
+            glance = out[:, start:start + self.cfg.num_anchors]
+        return out[:, pre.shape[1]:], glance
+
+    def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
+                         attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The patch features of encode()."""
+        return self.encode(images, index, attn_mask)[0]
 
     def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor,
-                     scale: torch.Tensor | None = None) -> torch.Tensor:
-        """feats [B,S,D], slot [B,Q] (the token of each query), points [B,Q,2], scale [B] (focal_scale)
-        -> depth [B,Q] float32."""
+                     scale: torch.Tensor | None = None, glance: torch.Tensor | None = None,
+                     hw: tuple[int, int] | None = None) -> torch.Tensor:
+        """feats [B,S,D], slot [B,Q] (the token of each query), points [B,Q,2], scale [B] (focal_scale),
+        glance [B,A,D] and the image size hw (the residual head) -> depth [B,Q] float32."""
         htok = self.head.token_features(feats)  # [B,S,h]
         htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
-        return self.head.decode(htok, points, scale)
+        if not isinstance(self.head, ResidualHead):
+            return self.head.decode(htok, points, scale)
+        if glance is None:
+            raise ValueError("the residual query head corrects the glance depth: it needs the glance tokens "
+                             "(use_anchors on)")
+        logd = self.glance_head.log_depth(self.glance_head.token_features(glance), points, hw)
+        logd = logd + self.head.residual(htok, points)
+        return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True)
+
+    def glance_map(self, glance: torch.Tensor, hw: tuple[int, int], scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The glance's depth map [B, rows, cols] (cfg.glance_map_size: the glance image's pixels) from the
+        glance tokens' features [B,A,D] of an image of size hw."""
+        B = glance.shape[0]
+        pts = self.glance_head.map_points(hw, self.cfg.patch_size, glance.device).expand(B, -1, -1)
+        logd = self.glance_head.log_depth(self.glance_head.token_features(glance), pts, hw)
+        return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True).view(B, *self.cfg.glance_map_size)
 
     def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
                        focal: torch.Tensor | None = None) -> torch.Tensor:
         """Packed path for Q <= bucket queries: cls + anchors + the selected patches. -> depth [B,Q]."""
+        return self._packed(images, points, bucket, focal)[0]
+
+    def forward_packed_map(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
+                           focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed path and the glance's depth map from the same buffer: (depth [B,Q], map [B,rows,cols])."""
+        depth, glance, scale = self._packed(images, points, bucket, focal)
+        return depth, self.glance_map(glance, tuple(images.shape[-2:]), scale)
+
+    def _packed(self, images, points, bucket, focal):
         index, slot = self.select(images, points, bucket)
-        return self.forward_head(self.forward_features(images, index), slot, points, self.focal_scale(images, focal))
+        feats, glance = self.encode(images, index)
+        scale = self.focal_scale(images, focal)
+        return self.forward_head(feats, slot, points, scale, glance, tuple(images.shape[-2:])), glance, scale
 
     def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
                             focal: torch.Tensor | None = None) -> torch.Tensor:
@@ -337,16 +467,16 @@ class DepthPack(nn.Module):
         dtype = self.mean.dtype
         attn_mask = torch.zeros(keep.shape, dtype=dtype, device=images.device)
         attn_mask = attn_mask.masked_fill(~keep, torch.finfo(dtype).min)[:, None, None, :]
-        feats = self.forward_features(images, None, attn_mask)  # [B,N,D]
+        feats, glance = self.encode(images, None, attn_mask)  # [B,N,D]
         return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, grid), points,
-                                 self.focal_scale(images, focal))
+                                 self.focal_scale(images, focal), glance, tuple(images.shape[-2:]))
 
     def forward_dense_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None = None,
                            focal: torch.Tensor | None = None) -> torch.Tensor:
         """Dense path at points: every token, no mask (bucket unused: the same signature as the others)."""
-        feats = self.forward_features(images)
+        feats, glance = self.encode(images)
         return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, self.grid_of(images)), points,
-                                 self.focal_scale(images, focal))
+                                 self.focal_scale(images, focal), glance, tuple(images.shape[-2:]))
 
     # ---- public, checked API --------------------------------------------------------------------
     def forward(self, images: torch.Tensor, points, focal=None) -> torch.Tensor:
@@ -377,12 +507,12 @@ class DepthPack(nn.Module):
         B, _, H, W = images.shape
         p = self.cfg.patch_size
         gh, gw = self.grid_of(images)
-        htok = self.head.token_features(self.forward_features(images))  # [B,N,h]
-        hd = htok.shape[-1]
-        htok = htok.view(B, gh, 1, gw, 1, hd).expand(B, gh, p, gw, p, hd)  # token of each pixel
+        feats, glance = self.encode(images)  # [B,N,D]
         ys, xs = torch.meshgrid(torch.arange(H, device=images.device), torch.arange(W, device=images.device), indexing="ij")
-        pts = torch.stack([xs, ys], -1).float().view(1, gh, p, gw, p, 2).expand(B, -1, -1, -1, -1, -1)
-        depth = self.head.decode(htok.reshape(B, H * W, hd), pts.reshape(B, H * W, 2), self.focal_scale(images, focal))
+        pts = torch.stack([xs, ys], -1).float().view(1, gh, p, gw, p, 2).expand(B, -1, -1, -1, -1, -1).reshape(B, H * W, 2)
+        slot = (torch.arange(gh, device=images.device).view(gh, 1, 1, 1) * gw
+                + torch.arange(gw, device=images.device).view(1, 1, gw, 1)).expand(gh, p, gw, p).reshape(1, H * W)
+        depth = self.forward_head(feats, slot.expand(B, -1), pts, self.focal_scale(images, focal), glance, (H, W))
         return depth.view(B, gh, p, gw, p).reshape(B, H, W)
 
 

@@ -40,7 +40,8 @@ import torch
 from ..core import cli
 from ..core.checkpoint import list_checkpoints, load_model, resolve_checkpoint, stored_config
 from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
-from ..core.packing import bucket_for, pad_points, patch_of_points
+from ..core.model import scaled_depth
+from ..core.packing import bucket_for, pad_points, patch_of_points, run_chunked
 from ..core.preprocess import parse_frame_size
 from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
@@ -52,7 +53,7 @@ from .metrics import MetricAccumulator, si_boundary_f1
 from .viz import depth_figure, gap_figure
 
 METRICS = ("abs_rel", "sq_rel", "rmse", "rmse_log", "log10", "silog", "d1", "d2", "d3")  # table column order
-PATHS = ("packed", "masked", "dense")
+PATHS = ("packed", "masked", "dense", "glance")  # glance: the glance depth at the points, from the packed buffer
 POINT_SETS = {"uniform": ("uniform",), "edge": ("edge",), "both": ("uniform", "edge")}  # --points
 
 
@@ -60,7 +61,7 @@ POINT_SETS = {"uniform": ("uniform",), "edge": ("edge",), "both": ("uniform", "e
 class EvalSettings:
     queries: tuple[int, ...] = (16, 64, 256)  # query counts per image
     anchors: tuple[bool, ...] = (True, False)  # model.use_anchors settings (same weights)
-    paths: tuple[str, ...] = PATHS
+    paths: tuple[str, ...] = PATHS[:3]
     median_scaling: bool = False  # per-image median scaling (for relative-depth models)
     edge_frac: float = 0.0  # share of query points drawn at image edges; 0 = uniform over valid pixels
     #                         (the standard protocol: every valid pixel counts the same)
@@ -114,7 +115,24 @@ def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor, focal
             return model.forward_masked(images, points, focal).float()
         if path == "dense":
             return model.forward_dense(images, points, focal).float()
+        if path == "glance":
+            return glance_at_points(model, images, points, focal)
     raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
+
+
+def glance_at_points(model, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor:
+    """The packed call's coarse answer: the glance depth at the points, from the packed buffer of their Q."""
+    if model.glance_head is None:
+        raise ValueError("path glance: the model has no glance depth (model.glance_depth)")
+    images, points = check_inputs(images, points, model.cfg.patch_size)
+    focal = check_focal(focal, images.shape[0], images.device)
+    hw = tuple(images.shape[-2:])
+
+    def core(im, pts, k, f):
+        _, glance = model.encode(im, model.select(im, pts, k)[0])
+        logd = model.glance_head.log_depth(model.glance_head.token_features(glance), pts, hw)
+        return scaled_depth(logd, model.focal_scale(im, f), model.cfg.min_depth, model.cfg.max_depth, clamp=True)
+    return run_chunked(core, images, points, model.cfg.buckets, focal).float()
 
 
 def sample_focal(samples: list[dict], mode: str, device) -> torch.Tensor | None:
@@ -166,6 +184,14 @@ def band_radius(model, image_hw: tuple[int, int], s: EvalSettings) -> int:
     if s.band_radius is not None:
         return s.band_radius
     return max(1, round(model.cfg.patch_size * image_hw[1] / model.cfg.img_size[1]))
+
+
+def anchor_settings(model, s: EvalSettings) -> tuple[bool, ...]:
+    """The use_anchors settings to run: s.anchors; one for a model without anchors (off) or one whose
+    answer needs them (on: a residual head corrects the glance depth)."""
+    if not model.cfg.num_anchors:
+        return (False,)
+    return (True,) if model.cfg.query_head == "residual" else s.anchors
 
 
 def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
@@ -246,9 +272,11 @@ def _evaluate_points(model, kept: list, band: str, q: int, s: EvalSettings, devi
         grid = model.grid_of(mimages)
         pidx = patch_of_points(mpoints.cpu(), model.cfg.patch_size, grid)
         queried[q] += [len(set(r.tolist())) / (grid[0] * grid[1]) for r in pidx]
-    for a in (s.anchors if model.cfg.num_anchors else (False,)):  # a model without anchors: one setting
+    for a in anchor_settings(model, s):
         model.use_anchors = a
         for path in s.paths:
+            if path == "glance" and not a:
+                continue
             pred = run_path(model, path, images, points, focal).cpu()
             per.setdefault((band, path, a, q), MetricAccumulator("image", s.median_scaling)).update(pred, gt, batched=True)
         for k in s.context:
@@ -298,7 +326,7 @@ def gap_curve(run_dir: str | Path, dataset_for, queries: tuple[int, ...], max_im
 def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, chunk: int = 4) -> None:
     """The dense map (every pixel) against every valid pixel in the crop, per image, per anchor setting;
     and its scale-invariant boundary F1 against the ground truth (Depth Pro's)."""
-    for a in (s.anchors if model.cfg.num_anchors else (False,)):
+    for a in anchor_settings(model, s):
         model.use_anchors = a
         m = maps.setdefault(a, {"acc": MetricAccumulator("image", s.median_scaling), "f1": []})
         for c in range(0, len(samples), chunk):  # a map decodes H*W points: a few images at a time
@@ -583,7 +611,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--split", default="val", choices=("train", "val"))
     ap.add_argument("--queries", type=int, nargs="+", default=[16, 64, 256], help="query counts per image")
     ap.add_argument("--anchors", choices=("both", "on", "off"), default="both")
-    ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS[:3]),
+                    help="packed, masked, dense; glance: the glance depth of a model with one (model.glance_depth)")
     ap.add_argument("--median-scaling", action="store_true", help="per-image median scaling (relative depth)")
     ap.add_argument("--edge-frac", type=float, default=0.0,
                     help="share of query points drawn at image edges (0: uniform, the standard protocol; "

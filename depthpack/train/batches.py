@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data.queries import edge_band, sample_queries
-from .config import TrainConfig, draw_bucket, draw_q
+from .config import TrainConfig, draw_bucket, draw_q, glance_size
 
 
 @dataclass
@@ -33,6 +33,20 @@ class Batch:
     bucket: int  # the packed buffer's capacity for q (draw_bucket)
     q: int  # the step's query count
     step: int
+    glance: tuple[torch.Tensor, torch.Tensor] | None = None  # target, valid [B,rows,cols] at the glance image's pixels
+    path: str = "packed"  # the path this step trains: "packed" or "dense" (step_path)
+    size: tuple[int, int] | None = None  # the image size this step runs at (None: as loaded)
+
+
+def glance_targets(depth: torch.Tensor, valid: torch.Tensor, size: tuple[int, int] | None) -> tuple | None:
+    """The ground truth at the glance image's pixel centres, nearest (never a blend of valid and
+    invalid): (target, valid) [B,rows,cols], or None for a model without a glance depth (size None)."""
+    if size is None:
+        return None
+    B, H, W = depth.shape
+    rows = ((torch.arange(size[0], device=depth.device) + 0.5) * (H / size[0])).long().clamp_max(H - 1)
+    cols = ((torch.arange(size[1], device=depth.device) + 0.5) * (W / size[1])).long().clamp_max(W - 1)
+    return depth[:, rows][:, :, cols], valid[:, rows][:, :, cols]
 
 
 def at_points(points: torch.Tensor, *maps: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -98,8 +112,10 @@ def hflip_sample(sample: dict) -> dict:
     return {k: v.flip(-1) if k in ("image", "depth", "valid", "eval_mask") else v for k, v in sample.items()}
 
 
-def to_batch(batch: dict, step: int, q: int, bucket: int, device: torch.device) -> Batch:
-    """A collated batch of WithQueries samples as a step reads it: the targets at its points, on the device."""
+def to_batch(batch: dict, step: int, q: int, bucket: int, device: torch.device,
+             glance_size: tuple[int, int] | None = None) -> Batch:
+    """A collated batch of WithQueries samples as a step reads it: the targets at its points (and at the
+    glance image's pixels, glance_size), on the device."""
     points, depth, valid_map = batch["points"], batch["depth"], batch["valid"]
     target, valid = at_points(points, depth, valid_map)
     extra = None
@@ -107,8 +123,10 @@ def to_batch(batch: dict, step: int, q: int, bucket: int, device: torch.device) 
         xp = batch["extra_points"]
         extra = tuple(t.to(device) for t in (xp, batch["extra_parent"], *at_points(xp, depth, valid_map)))
     focal = batch["focal"].to(device) if "focal" in batch else None
+    glance = glance_targets(depth, valid_map, glance_size)
+    glance = None if glance is None else tuple(t.to(device) for t in glance)
     return Batch(batch["image"].to(device, non_blocking=True), points.to(device), target.to(device), valid.to(device),
-                 extra, focal, bucket, q, step)
+                 extra, focal, bucket, q, step, glance)
 
 
 def host_batches(dataset, cfg: TrainConfig, rank: int, world: int, start_step: int,
@@ -124,4 +142,4 @@ def host_batches(dataset, cfg: TrainConfig, rank: int, world: int, start_step: i
         loader = DataLoader(wrapped, batch_sampler=keys, num_workers=cfg.num_workers, persistent_workers=False,
                             pin_memory=device.type == "cuda")
         for s, q, batch in zip(steps, qs, loader):
-            yield to_batch(batch, s, q, draw_bucket(cfg, buckets, q, s), device)
+            yield to_batch(batch, s, q, draw_bucket(cfg, buckets, q, s), device, glance_size(cfg))

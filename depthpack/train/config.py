@@ -40,6 +40,10 @@ class TrainConfig:
     random_budgets: bool = False  # each step's bucket drawn among those that hold its Q (not always the smallest)
     train_path: str = "packed"  # the path the loss runs: packed (as deployed) or dense (every patch: the
     #                             equal-tokens baseline, a dense model at a smaller image size)
+    glance_loss: float = 1.0  # weight of the glance depth map's SILog (models with glance_depth), every step
+    dense_first_steps: int = 0  # schedule: the first steps train the dense path at dense_first_size, then packed
+    dense_first_size: list[int] | None = None  # (H, W) of those steps, multiples of the patch (None: the model's)
+    dense_every: int = 0  # joint training: every dense_every-th step trains the dense path at the model's size
     queries: list[int] | None = None  # Q values to draw from each step; None: every bucket in [q_min, q_max]
     q_min: int = 1
     q_max: int | None = None  # None: the largest bucket
@@ -105,6 +109,13 @@ class TrainConfig:
                          ("backbone_lr_ratio", 0), ("grad_clip", 0)):
             if getattr(self, name) < lo:
                 problems.append(f"{name} must be >= {lo}, got {getattr(self, name)}")
+        if self.glance_loss < 0 or self.dense_first_steps < 0 or self.dense_every < 0:
+            problems.append(f"glance_loss, dense_first_steps and dense_every must be >= 0, got {self.glance_loss}, "
+                            f"{self.dense_first_steps}, {self.dense_every}")
+        if self.dense_first_size is not None:
+            mc, size = self.model_config(), self.dense_first_size
+            if len(size) != 2 or any(v < mc.patch_size or v % mc.patch_size for v in size):
+                problems.append(f"dense_first_size must be (H, W), multiples of the patch size {mc.patch_size}, got {size}")
         if self.edge_source not in ("image", "depth"):
             problems.append(f"edge_source must be image or depth, got {self.edge_source!r}")
         if self.train_path not in ("packed", "dense"):
@@ -166,6 +177,22 @@ def draw_q(cfg: TrainConfig, buckets: tuple[int, ...], step: int) -> int:
             ranges.append(r)
         prev = b
     return rng.choice(rng.choice(ranges))
+
+
+def glance_size(cfg: TrainConfig) -> tuple[int, int] | None:
+    """The glance depth map's size (its loss's targets) when the model has one and the run trains it."""
+    mc = cfg.model_config()
+    return mc.glance_map_size if mc.glance_depth and cfg.glance_loss > 0 else None
+
+
+def step_path(cfg: TrainConfig, step: int) -> tuple[str, tuple[int, int] | None]:
+    """The path step trains and the image size it runs at: dense at dense_first_size for the first
+    dense_first_steps steps, dense at the model's size every dense_every-th step, else packed."""
+    if step <= cfg.dense_first_steps:
+        return "dense", tuple(cfg.dense_first_size) if cfg.dense_first_size else None
+    if cfg.train_path == "dense" or (cfg.dense_every and step % cfg.dense_every == 0):
+        return "dense", None
+    return "packed", None
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:

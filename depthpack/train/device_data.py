@@ -31,8 +31,8 @@ from ..core.config import ModelConfig
 from ..data.queries import edge_band, sobel_magnitude
 from ..data.store import SceneStore, decode_rows
 from ..data.synthetic import draw, render_drawn
-from .batches import Batch, at_points, batch_order
-from .config import TrainConfig, draw_bucket, draw_q
+from .batches import Batch, at_points, batch_order, glance_targets
+from .config import TrainConfig, draw_bucket, draw_q, glance_size
 
 LOAD_CHUNK_BYTES = 256 << 20  # host -> device copy in pieces of this size (no giant staging buffer)
 
@@ -128,7 +128,7 @@ def make_batch(img8: torch.Tensor, depth: torch.Tensor, focal: torch.Tensor, q: 
         xp = corner + torch.randint(p, (B, n, 2), generator=g, device=dev).float()
         xt, xv = at_points(xp, depth, valid_map)
         extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.extra_points * q))
-    return Batch(images, points, target, valid, extra, focal, bucket, q, step)
+    return Batch(images, points, target, valid, extra, focal, bucket, q, step, glance_targets(depth, valid_map, glance_size(cfg)))
 
 
 class FreshScenes:

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -32,10 +32,11 @@ from ..core import checkpoint as ckpt, cli
 from ..core.config import ModelConfig, from_dict, to_dict
 from ..core.files import atomic_write_json, check_writable_dir, remove_stale_temporaries
 from ..core.model import DepthPack
+from ..core.provenance import commit, device_name
 from ..data.datasets import make_dataset
 from ..eval.evaluate import quick_eval
 from .batches import Batch, host_batches
-from .config import TrainConfig, draw_bucket, dump_yaml, load_train_config
+from .config import TrainConfig, draw_bucket, dump_yaml, load_train_config, step_path
 from .device_data import DeviceScenes, FreshScenes, device_stream
 from .log import Meter, RunLog, sync
 from .losses import PackedObjective
@@ -132,7 +133,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 def make_step(model: DepthPack, opt: torch.optim.Optimizer, cfg: TrainConfig, d: Dist) -> TrainStep:
     """The objective, under DDP with several processes, compiled with cfg.compile, in a TrainStep."""
-    objective = PackedObjective(model, cfg.silog_lambda, dense=cfg.train_path == "dense").to(d.device)
+    objective = PackedObjective(model, cfg.silog_lambda, cfg.glance_loss).to(d.device)
     runner: nn.Module = objective
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -292,6 +293,7 @@ def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
     try:
         for b in batches:
             step = b.step
+            b = replace(b, **dict(zip(("path", "size"), step_path(cfg, step))))
             meter.data_ready(b)
             loss, terms, gnorm = train_step(b)
             sched.step()
@@ -322,7 +324,8 @@ def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
     sync(d.device)
     wall = meter.elapsed()
     summary: dict[str, Any] = {"step": step, "steps": cfg.steps, "resumed_from": start_step, "last_loss": last_loss,
-                               "wall_s": round(wall, 2), "world_size": d.world, "device": str(d.device)}
+                               "wall_s": round(wall, 2), "world_size": d.world, "device": str(d.device),
+                               "device_name": device_name(d.device), "torch": torch.__version__, "commit": commit()}
     if stopped is not None:
         summary["stopped_early"] = stopped
     path = "fresh" if cfg.data.fresh else "device" if cfg.data.device_cache else "host"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..core.model import DepthPack
 from ..core.packing import patch_of_points
@@ -41,34 +42,53 @@ class SiLogLoss(nn.Module):
 
 
 class PackedObjective(nn.Module):
-    """SILog of the packed path (dense=True: the dense path) at the queried points. One module, so DDP sees
-    every parameter its forward uses.
+    """SILog of the packed path (dense=True: the dense path) at the queried points, plus, for a model with a
+    glance depth, glance_weight x SILog of the glance's depth map over the glance image's valid pixels.
+    One module, so DDP sees every parameter its forward uses.
 
     forward(...) -> (loss, terms): terms are the loss's parts by name, detached scalars; each becomes a
     column of log.csv (in this order), so a new term is one more entry.
     """
 
-    def __init__(self, model: DepthPack, silog_lambda: float, dense: bool = False):
+    def __init__(self, model: DepthPack, silog_lambda: float, glance_weight: float = 1.0):
         super().__init__()
-        self.model, self.dense = model, dense  # dense: every patch in the buffer (the equal-tokens baseline)
+        self.model, self.glance_weight = model, glance_weight
         self.silog = SiLogLoss(lambd=silog_lambda)
 
     def forward(self, images: torch.Tensor, points: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
                 bucket: int, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                focal: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                focal: torch.Tensor | None = None, glance: tuple[torch.Tensor, torch.Tensor] | None = None,
+                dense: bool = False, size: tuple[int, int] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # images [B,3,H,W], points [B,Q,2], target [B,Q] meters, valid [B,Q] bool, focal [B] pixels (0 unknown).
         # extra: (points [B,E,2], parent [B,E] (the query whose patch holds each), target, valid [B,E]):
-        # decoded from the tokens the queries already selected, so they cost the head only
+        # decoded from the tokens the queries already selected, so they cost the head only.
+        # glance: (target, valid) [B,rows,cols] of the glance map. dense: the dense path (every patch);
+        # size: the images resized to (H, W) first (area), the points scaled with them
         m = self.model
-        if self.dense:  # forward_dense_core, in its parts
+        if size is not None and tuple(size) != tuple(images.shape[-2:]):
+            sx, sy = size[1] / images.shape[-1], size[0] / images.shape[-2]
+            images = F.interpolate(images, size=tuple(size), mode="area")
+            xy = torch.tensor([sx, sy], device=points.device)
+            points = points * xy
+            extra = None if extra is None else (extra[0] * xy, *extra[1:])
+            focal = None if focal is None else focal * (sx * sy) ** 0.5
+        hw = tuple(images.shape[-2:])
+        if dense:  # forward_dense_core, in its parts
             index, slot = None, patch_of_points(points, m.cfg.patch_size, m.grid_of(images))
         else:
             index, slot = m.select(images, points, bucket)  # forward_packed, in its parts
-        feats = m.forward_features(images, index)
+        feats, gfeat = m.encode(images, index)
         if extra is not None:
             xp, parent, xt, xv = extra
             slot = torch.cat([slot, torch.gather(slot, 1, parent)], dim=1)
             points, target, valid = torch.cat([points, xp], 1), torch.cat([target, xt], 1), torch.cat([valid, xv], 1)
-        pred = m.forward_head(feats, slot, points, m.focal_scale(images, focal))  # [B,Q(+E)] float32
+        scale = m.focal_scale(images, focal)
+        pred = m.forward_head(feats, slot, points, scale, gfeat, hw)  # [B,Q(+E)] float32
         silog = self.silog(pred, target, valid)
-        return silog, {"silog": silog.detach()}
+        terms = {"silog": silog.detach()}
+        loss = silog
+        if glance is not None and gfeat is not None:
+            g = self.silog(m.glance_map(gfeat, hw, scale), *glance)
+            terms["glance"] = g.detach()
+            loss = loss + self.glance_weight * g
+        return loss, terms

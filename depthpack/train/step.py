@@ -69,13 +69,15 @@ def plain_lr_state(opt_state: dict, sched_state: dict) -> tuple[dict, dict]:
 
 
 def _flatten(b: Batch) -> list[torch.Tensor | None]:
-    return [b.images, b.points, b.target, b.valid, *(b.extra if b.extra is not None else (None,) * 4), b.focal]
+    return [b.images, b.points, b.target, b.valid, *(b.extra if b.extra is not None else (None,) * 4), b.focal,
+            *(b.glance if b.glance is not None else (None,) * 2)]
 
 
 def _unflatten(flat: list, b: Batch) -> Batch:
-    images, points, target, valid, x0, x1, x2, x3, focal = flat
+    images, points, target, valid, x0, x1, x2, x3, focal, g0, g1 = flat
     extra = None if x0 is None else (x0, x1, x2, x3)
-    return replace(b, images=images, points=points, target=target, valid=valid, extra=extra, focal=focal)
+    glance = None if g0 is None else (g0, g1)
+    return replace(b, images=images, points=points, target=target, valid=valid, extra=extra, focal=focal, glance=glance)
 
 
 def _layout(flat: list) -> tuple:
@@ -101,7 +103,8 @@ class TrainStep:
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not self.graph) if self.amp
                     else contextlib.nullcontext())
         with autocast:
-            loss, terms = self.runner(b.images, b.points, b.target, b.valid, b.bucket, b.extra, b.focal)
+            loss, terms = self.runner(b.images, b.points, b.target, b.valid, b.bucket, b.extra, b.focal, b.glance,
+                                      b.path == "dense", b.size)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
@@ -112,10 +115,11 @@ class TrainStep:
         if not self.graph:
             return self.eager(b)
         flat = _flatten(b)
-        captured = self.graphs.get(b.bucket)
+        key = (b.bucket, b.path, b.size)
+        captured = self.graphs.get(key)
         if captured is None:
-            n = self.seen.get(b.bucket, 0)
-            self.seen[b.bucket] = n + 1
+            n = self.seen.get(key, 0)
+            self.seen[key] = n + 1
             if n < WARMUP:
                 return self._on_side_stream(b)
             captured = self._capture(b, flat)
@@ -145,6 +149,7 @@ class TrainStep:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = self.eager(_unflatten(static, b))
-        self.graphs[b.bucket] = captured = (graph, static, _layout(flat), out)
-        self.capture_s[b.bucket] = round(time.perf_counter() - t0, 3)
+        self.graphs[(b.bucket, b.path, b.size)] = captured = (graph, static, _layout(flat), out)
+        self.capture_s[b.bucket if (b.path, b.size) == ("packed", None) else f"{b.bucket} {b.path} {b.size}"] = \
+            round(time.perf_counter() - t0, 3)
         return captured

@@ -120,9 +120,9 @@ def test_the_dense_objective_is_the_dense_paths_silog_whatever_the_bucket():
     b, _, _ = host_batch(ds, 16, 2)
     model = randomize_(build_model(cfg, torch.device("cpu")))
     want = SiLogLoss(0.5)(model.forward_dense_core(b.images, b.points), b.target, b.valid)
-    dense = PackedObjective(model, 0.5, dense=True)
+    dense = PackedObjective(model, 0.5)
     for bucket in (16, mc.num_patches):
-        torch.testing.assert_close(dense(b.images, b.points, b.target, b.valid, bucket)[0], want)
+        torch.testing.assert_close(dense(b.images, b.points, b.target, b.valid, bucket, dense=True)[0], want)
     packed = PackedObjective(model, 0.5)(b.images, b.points, b.target, b.valid, 16)[0]
     assert abs(float(packed) - float(want)) > 1e-4
     with pytest.raises(ValueError, match="train_path must be packed or dense"):

@@ -1,0 +1,269 @@
+"""The accuracy-cost frontier: the packed model's Q sweep beside dense models at several image sizes,
+AbsRel against encoder GFLOP, on uniform points and in the depth-edge band, all trained the same way.
+
+    python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --jobs 2          # train + evaluate
+    python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --no-train        # finished runs only
+
+A plan (YAML) names the runs: each a training config (`base`), the overrides every run shares
+(`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). Runs whose
+folder holds a finished summary.json are read, not trained again; the rest train as subprocesses,
+--jobs at a time. Every run is evaluated on the same held-out scenes at the plan's `image` size (a
+model of another size sees them resized, its points scaled), at the same query points, with the same
+depth-edge band (`band_radius` pixels of that image). Rows go to --out (docs/results/frontier.json
+by default): {name, path, image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, steps, scenes,
+seed, device, torch, commit, patches, default}; the figure to --figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..core import cli
+from ..core.config import ModelConfig, load_yaml
+from ..core.files import atomic_write_json
+from ..core.packing import chunk_plan
+
+PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "max_images", "device", "runs"}
+RUN_KEYS = {"name", "path", "overrides", "default"}
+
+
+def encoder_gflop(cfg: ModelConfig, tokens: int, embedded: int) -> float:
+    """GFLOP of the encoder over `tokens` tokens of which `embedded` are patch-embedded: per block the
+    four linear layers (qkv, proj, fc1, fc2: (4 + 2 mlp_ratio) D^2 multiply-adds a token) and attention
+    (QK^T and AV: 2 T^2 D), plus the patch embedding (3 p^2 D a token); a multiply-add is 2 FLOP."""
+    D, p = cfg.embed_dim, cfg.patch_size
+    block = 2 * tokens * D * D * (4 + 2 * cfg.mlp_ratio) + 4 * tokens * tokens * D
+    return (cfg.depth * block + 2 * embedded * 3 * p * p * D) / 1e9
+
+
+def packed_cost(cfg: ModelConfig, q: int) -> tuple[int, float]:
+    """(tokens per buffer, encoder GFLOP summed over the chunks) of the packed path at Q queries."""
+    n = cfg.num_patches
+    chunks = [min(k, n) for _, _, k in chunk_plan(q, cfg.buckets)]
+    tokens = cfg.num_prefix + max(chunks)
+    return tokens, sum(encoder_gflop(cfg, cfg.num_prefix + k, cfg.num_anchors + k) for k in chunks)
+
+
+def dense_cost(cfg: ModelConfig) -> tuple[int, float]:
+    tokens = cfg.num_prefix + cfg.num_patches
+    return tokens, encoder_gflop(cfg, tokens, cfg.num_anchors + cfg.num_patches)
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+def load_plan(path: str | Path) -> dict[str, Any]:
+    """A plan file, checked: every key known, every run named once, packed or dense."""
+    plan = load_yaml(path)
+    unknown = set(plan) - PLAN_KEYS
+    if unknown:
+        raise ValueError(f"plan {path}: unknown key(s) {sorted(unknown)}; known: {sorted(PLAN_KEYS)}")
+    for key in ("base", "image", "runs"):
+        if key not in plan:
+            raise ValueError(f"plan {path}: needs {key!r}")
+    names = [r.get("name") for r in plan["runs"]]
+    if len(set(names)) != len(names) or not all(names):
+        raise ValueError(f"plan {path}: every run needs a name of its own, got {names}")
+    for r in plan["runs"]:
+        if set(r) - RUN_KEYS or r.get("path") not in ("packed", "dense"):
+            raise ValueError(f"plan {path}: run {r.get('name')!r} must have path packed or dense and only {sorted(RUN_KEYS)}")
+    return plan
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+def run_dir(runs: Path, run: dict) -> Path:
+    return runs / slug(run["name"])
+
+
+def finished(folder: Path) -> dict | None:
+    """The run's summary.json if it trained to its last step, else None."""
+    try:
+        s = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return s if s.get("step") == s.get("steps") and "stopped_early" not in s else None
+
+
+def call(cmd: list[str], log: Path, what: str) -> None:
+    """Run a command with its output appended to log; one error naming the log if it fails."""
+    with open(log, "a") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if rc:
+        raise RuntimeError(f"{what} failed (exit {rc}); its log: {log}")
+
+
+def train_run(plan: dict, run: dict, folder: Path, log: Path) -> None:
+    call([sys.executable, "-m", "depthpack.train", "--config", plan["base"], *plan.get("common", []),
+          *run.get("overrides", []), f"out_dir={folder}", "progress=false",
+          *(["resume=true"] if (folder / "latest.json").is_file() else [])], log, f"training {run['name']!r}")
+
+
+def eval_run(plan: dict, run: dict, folder: Path, log: Path) -> dict:
+    """eval.json of the run on the plan's images, points and band (evaluated once, then read)."""
+    out = folder / "frontier_eval"
+    key = json.dumps({k: plan.get(k) for k in ("image", "queries", "band_radius", "max_images")}, sort_keys=True)
+    done = out / "eval.json"
+    if done.is_file() and (out / "plan.json").is_file() and (out / "plan.json").read_text() == key:
+        return json.loads(done.read_text())
+    h, w = plan["image"]
+    paths = ["packed", "dense", "glance"] if run["path"] == "packed" else ["dense"]
+    if run["path"] == "packed" and not _model_cfg(folder).glance_depth:
+        paths.remove("glance")
+    cmd = [sys.executable, "-m", "depthpack.eval", "--checkpoint", str(folder), "--out", str(out), "--queries",
+           *[str(q) for q in plan.get("queries", [16, 64, 256])], "--points", "both", "--anchors", "on",
+           "--image-size", f"{w}x{h}", "--paths", *paths, "--figure-images", "0", "--no-progress",
+           "--device", plan.get("device", "auto")]
+    if plan.get("band_radius") is not None:
+        cmd += ["--band-radius", str(plan["band_radius"])]
+    if plan.get("max_images"):
+        cmd += ["--max-images", str(plan["max_images"])]
+    call(cmd, log, f"evaluating {run['name']!r}")
+    (out / "plan.json").write_text(key)
+    return json.loads(done.read_text())
+
+
+def _model_cfg(folder: Path) -> ModelConfig:
+    from ..core.checkpoint import stored_config
+    from ..core.config import from_dict
+
+    return from_dict(ModelConfig, stored_config(folder)["model"])
+
+
+def rows_of(plan: dict, run: dict, folder: Path, result: dict, summary: dict) -> list[dict]:
+    """The frontier rows of one evaluated run: per path it was evaluated on, per Q."""
+    from ..core.checkpoint import stored_config
+
+    cfg = _model_cfg(folder)
+    stored = stored_config(folder)
+    train = stored.get("train", {})
+    bands = result["bands"]
+    h, w = plan["image"]
+    meta = {"image": f"{cfg.img_size[0]}x{cfg.img_size[1]}", "steps": train.get("steps"),
+            "scenes": "fresh" if train.get("data", {}).get("fresh") else summary.get("throughput", {}).get("scenes"),
+            "seed": train.get("seed"), "device": summary.get("device_name") or summary.get("device"),
+            "torch": summary.get("torch"), "commit": summary.get("commit"), "patches": cfg.num_patches,
+            "eval_image": f"{h}x{w}"}
+    out = []
+    for path in sorted({r["path"] for r in bands["uniform"]["rows"]}):
+        for q in sorted({r["queries"] for r in bands["uniform"]["rows"] if r["path"] == path}):
+            def get(band):
+                return next((r["abs_rel"] for r in bands.get(band, {}).get("rows", [])
+                             if r["path"] == path and r["queries"] == q and r["anchors"] is not False), None)
+            tokens, gflop = dense_cost(cfg) if path == "dense" else packed_cost(cfg, q)
+            out.append({"name": run["name"], "path": path, "q": q, "tokens": tokens, "encoder_gflop": round(gflop, 3),
+                        "absrel_uniform": get("uniform"), "absrel_edge": get("edge"), **meta,
+                        "default": bool(run.get("default")) and path == "packed"})
+    return out
+
+
+# ---- the figure ---------------------------------------------------------------------------------
+def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """AbsRel against encoder GFLOP, uniform points and the edge band side by side: each packed model's Q
+    sweep as a line, each model's own dense path and the dense-trained models as points."""
+    from .viz import _plt
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharex=True)
+    packed_names = sorted({r["name"] for r in rows if r["path"] == "packed"})
+    dense_trained = sorted({r["name"] for r in rows if r["path"] == "dense"} - set(packed_names))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key, label in ((axes[0], "absrel_uniform", "uniform points"), (axes[1], "absrel_edge", "depth-edge band")):
+        for i, name in enumerate(packed_names):
+            pts = sorted((r["encoder_gflop"], r[key], r["q"]) for r in rows if r["name"] == name and r["path"] == "packed"
+                         and r[key] is not None)
+            if not pts:
+                continue
+            c = colors[i % len(colors)]
+            default = any(r["default"] for r in rows if r["name"] == name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, lw=2.2 if default else 1.2,
+                    label=f"{name} (packed, Q sweep)" + (" [default]" if default else ""))
+            for x, y, q in pts:
+                ax.annotate(f"Q{q}", (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7, color=c)
+            glance = [(r["encoder_gflop"], r[key]) for r in rows if r["name"] == name and r["path"] == "glance"
+                      and r[key] is not None]
+            if glance:
+                ax.plot(*zip(*sorted(glance)), "x:", color=c, lw=0.8, label=f"{name}: its glance depth")
+        for name in dense_trained:
+            pts = sorted({(r["encoder_gflop"], r[key], r["image"]) for r in rows if r["name"] == name and r[key] is not None})
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "s", color="black", mfc="none")
+                for x, y, im in pts:
+                    ax.annotate(f"dense {im}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xlabel("encoder GFLOP per image (log)")
+        ax.set_ylabel(f"AbsRel, {label} (lower is better)")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].plot([], [], "s", color="black", mfc="none", label="dense-trained model, run dense (image size)")
+    axes[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---- the command --------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> dict:
+    ap = cli.Parser(prog="python -m depthpack.eval.frontier", description=__doc__.split("\n\n")[0], name="frontier",
+                    epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", required=True, help="the plan: a YAML file (see above)")
+    ap.add_argument("--runs", default="runs/frontier", help="where the runs' folders are (one per run)")
+    ap.add_argument("--out", default="docs/results/frontier.json", help="the rows (JSON)")
+    ap.add_argument("--figure", default="docs/figures/frontier.png", help="the figure (PNG)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs trained and evaluated at once")
+    ap.add_argument("--no-train", action="store_true", help="read and evaluate finished runs only")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these runs of the plan only")
+    a = ap.parse_args(argv)
+    if a.jobs < 1:
+        ap.error(f"--jobs {a.jobs}: must be >= 1")
+    plan = load_plan(a.plan)
+    runs_dir = Path(a.runs)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    todo = [r for r in plan["runs"] if a.only is None or r["name"] in a.only]
+    if a.only and len(todo) != len(a.only):
+        raise ValueError(f"--only: {sorted(set(a.only) - {r['name'] for r in todo})} are not runs of {a.plan}")
+
+    def one(run: dict) -> list[dict]:
+        folder = run_dir(runs_dir, run)
+        log = runs_dir / f"{slug(run['name'])}.log"
+        t0 = time.perf_counter()
+        if finished(folder) is None:
+            if a.no_train:
+                print(f"frontier: {run['name']}: not finished, left out (--no-train)", flush=True)
+                return []
+            train_run(plan, run, folder, log)
+        result = eval_run(plan, run, folder, log)
+        print(f"frontier: {run['name']}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+        return rows_of(plan, run, folder, result, finished(folder) or {})
+    with ThreadPoolExecutor(a.jobs) as pool:
+        rows = [r for rs in pool.map(one, todo) for r in rs]
+    old = json.loads(Path(a.out).read_text()).get("rows", []) if a.only and Path(a.out).is_file() else []
+    rows = [r for r in old if r["name"] not in {t["name"] for t in todo}] + rows
+    doc = {"plan": str(a.plan), "image": plan["image"], "band_radius": plan.get("band_radius"),
+           "machine": platform.machine(), "rows": rows}
+    atomic_write_json(a.out, doc, sort_keys=False)
+    fig = figure(rows, a.figure, f"{Path(a.plan).stem}: AbsRel on {len(rows) and rows[0]['eval_image']} held-out images")
+    print(f"frontier: {len(rows)} rows in {a.out}; {fig}")
+    return doc
+
+
+def run() -> None:
+    sys.exit(cli.run("frontier", main))
+
+
+if __name__ == "__main__":
+    run()
