@@ -135,10 +135,12 @@ def scaled_depth(log_depth: torch.Tensor, scale: torch.Tensor | None, lo: float,
 class GlanceHead(PointDecoder):
     """Depth anywhere in the image from the glance tokens, a low-resolution dense depth model.
 
-    The glance grid (rows, cols) tiles the image; a point's depth is LIIF's local ensemble: each of
-    the 4 glance tokens whose centres surround the point decodes it from the point's offset to that
-    centre (in cells, halved into [-0.5, 0.5]), and the 4 log depths are blended bilinearly. Bounded
-    to the query head's range, as its depth is.
+    The glance grid (rows, cols) tiles the image into cells, one token each. A token decodes a point of
+    its own cell from the point's offset to the cell's centre (in cells, in [-0.5, 0.5)), as a dense
+    model decodes a pixel from its own patch: that is the glance's map. At a query point the depth is
+    LIIF's local ensemble: each of the 4 tokens whose centres surround the point decodes the point
+    nearest to it inside its own cell, and the 4 log depths are blended bilinearly, so the answer is
+    continuous across cells. Bounded to the query head's range, as its depth is.
     """
 
     def __init__(self, dim: int, hidden: int, freqs: int, grid: tuple[int, int], log_range: tuple[float, float]):
@@ -146,28 +148,37 @@ class GlanceHead(PointDecoder):
         self.grid = grid
         self.log_min, self.log_max = log_range
 
-    def log_depth(self, gtok: torch.Tensor, points: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        # gtok [B,A,hidden] (token_features of the glance tokens, row-major), points [B,Q,2] pixels of an
-        # image of size hw -> log depth [B,Q] float32
-        B, Q, _ = points.shape
+    def _log_depth(self, gtok: torch.Tensor, idx: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        # gtok [B,A,hidden], idx [B,P] the token, u [B,P,2] the offset in its cell -> log depth [B,P]
+        h = torch.gather(gtok, 1, idx.unsqueeze(-1).expand(-1, -1, gtok.shape[-1]))
+        return self.log_min + (self.log_max - self.log_min) * torch.sigmoid(self.value(h, u))
+
+    def cells(self, points: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        # points [B,Q,2] pixels of an image of size hw -> [B,Q,2] in cells, token centres at integers
         rh, rw = self.grid
-        g = points.float() / torch.tensor([hw[1] / rw, hw[0] / rh], device=points.device) - 0.5  # cell coordinates
+        return points.float() / torch.tensor([hw[1] / rw, hw[0] / rh], device=points.device) - 0.5
+
+    def own(self, gtok: torch.Tensor, points: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        """log depth [B,Q] of each point decoded by the token of its own cell (the map's decoding)."""
+        rh, rw = self.grid
+        g = self.cells(points, hw)
+        c = torch.stack([g[..., 0].round().clamp(0, rw - 1), g[..., 1].round().clamp(0, rh - 1)], -1)
+        return self._log_depth(gtok, (c[..., 1] * rw + c[..., 0]).long(), (g - c).clamp(-0.5, 0.5))
+
+    def log_depth(self, gtok: torch.Tensor, points: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        """log depth [B,Q] at points: the local ensemble of the 4 surrounding tokens (see the class)."""
+        rh, rw = self.grid
+        g = self.cells(points, hw)
         lo = torch.floor(g)
         frac = g - lo  # [B,Q,2] position between the lower and the upper centre
-        logd, weight = [], []
+        out = 0.0
         for dy in (0, 1):
             for dx in (0, 1):
-                cx = (lo[..., 0] + dx).clamp(0, rw - 1)
-                cy = (lo[..., 1] + dy).clamp(0, rh - 1)
-                idx = (cy * rw + cx).long()  # [B,Q]
-                h = torch.gather(gtok, 1, idx.unsqueeze(-1).expand(-1, -1, gtok.shape[-1]))
-                u = 0.5 * (g - torch.stack([cx, cy], -1))  # the offset to that centre, in half cells
-                t = torch.sigmoid(self.value(h, u))
-                logd.append(self.log_min + (self.log_max - self.log_min) * t)
-                wx = frac[..., 0] if dx else 1 - frac[..., 0]
-                wy = frac[..., 1] if dy else 1 - frac[..., 1]
-                weight.append(wx * wy)
-        return sum(w * d for w, d in zip(weight, logd))
+                c = torch.stack([(lo[..., 0] + dx).clamp(0, rw - 1), (lo[..., 1] + dy).clamp(0, rh - 1)], -1)
+                u = (g - c).clamp(-0.5, 0.5)  # the point nearest to it inside that token's cell
+                w = (frac[..., 0] if dx else 1 - frac[..., 0]) * (frac[..., 1] if dy else 1 - frac[..., 1])
+                out = out + w * self._log_depth(gtok, (c[..., 1] * rw + c[..., 0]).long(), u)
+        return out
 
     def map_points(self, hw: tuple[int, int], patch_size: int, device) -> torch.Tensor:
         """[rows*p * cols*p, 2] the centres of the glance image's pixels (rows*p x cols*p, the size the
@@ -437,7 +448,7 @@ class DepthPack(nn.Module):
         glance tokens' features [B,A,D] of an image of size hw."""
         B = glance.shape[0]
         pts = self.glance_head.map_points(hw, self.cfg.patch_size, glance.device).expand(B, -1, -1)
-        logd = self.glance_head.log_depth(self.glance_head.token_features(glance), pts, hw)
+        logd = self.glance_head.own(self.glance_head.token_features(glance), pts, hw)
         return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True).view(B, *self.cfg.glance_map_size)
 
     def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int,

@@ -51,9 +51,9 @@ def test_the_ensemble_blends_the_four_nearest_tokens_bilinearly():
     gtok = torch.randn(1, 6, 16, generator=g)
     hw = (40, 60)  # cells of 20 x 20 pixels; centres at x = 10, 30, 50 and y = 10, 30
 
-    def own(token, point):  # one token decoding a point from its offset to the token's centre, in half cells
+    def own(token, point):  # one token decoding the point nearest to `point` inside its own cell
         cy, cx = divmod(token, 3)
-        u = 0.5 * (torch.tensor(point) / 20.0 - 0.5 - torch.tensor([cx, cy], dtype=torch.float32))
+        u = (torch.tensor(point) / 20.0 - 0.5 - torch.tensor([cx, cy], dtype=torch.float32)).clamp(-0.5, 0.5)
         t = torch.sigmoid(head.value(gtok[0, token], u))
         return head.log_min + (head.log_max - head.log_min) * t
     at = lambda *xy: head.log_depth(gtok, torch.tensor([[list(xy)]], dtype=torch.float32), hw)[0, 0]  # noqa: E731
@@ -64,6 +64,10 @@ def test_the_ensemble_blends_the_four_nearest_tokens_bilinearly():
     assert torch.allclose(at(*p), want, atol=1e-6)
     # outside the outer centres the nearest ones carry it (no token beyond the grid)
     assert torch.allclose(at(2.0, 2.0), own(0, [2.0, 2.0]), atol=1e-6)
+    # the map's decoding: the token of the point's own cell alone
+    pts = torch.tensor([[[15.0, 15.0], [25.0, 5.0], [59.0, 39.0]]])
+    want = torch.stack([own(0, [15.0, 15.0]), own(1, [25.0, 5.0]), own(5, [59.0, 39.0])])
+    assert torch.allclose(head.own(gtok, pts, hw)[0], want, atol=1e-6)
 
 
 def test_the_map_is_the_glance_head_at_every_pixel_of_the_glance_image(residual):
@@ -76,7 +80,7 @@ def test_the_map_is_the_glance_head_at_every_pixel_of_the_glance_image(residual)
         assert dmap.shape == (2, rows, cols) == (2, 32, 32)
         ys, xs = torch.meshgrid(torch.arange(rows) + 0.5, torch.arange(cols) + 0.5, indexing="ij")
         centres = torch.stack([xs * 64 / cols, ys * 64 / rows], -1).reshape(1, -1, 2).expand(2, -1, -1)
-        alone = residual.glance_head.log_depth(residual.glance_head.token_features(glance), centres, (64, 64))
+        alone = residual.glance_head.own(residual.glance_head.token_features(glance), centres, (64, 64))
         torch.testing.assert_close(dmap.reshape(2, -1), scaled_depth(alone, None, 0.1, 20.0, clamp=True))
 
 
