@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
+from ..kernels.vit_block import swap_blocks
 from .config import ModelConfig, model_config
 from .fast import REFERENCE, Recipe
 from .packing import key_mask_from_index, patch_of_points, run_chunked, select_tokens, spread_rank
@@ -246,23 +247,21 @@ class DepthPack(nn.Module):
         self.register_buffer("spread_order", torch.argsort(self.spread_rank, descending=True), persistent=False)
         self.folded_embedding: nn.ParameterList | None = None  # fold_input_: (weight, bias) over raw pixels
         self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
-        self.recipe = REFERENCE  # the kernels the forward runs (core.fast); deployed() sets another
+        self.selection = REFERENCE.selection  # how select() ranks patches (core.fast); deployed() sets the recipe's
 
     def deployed(self, recipe: Recipe, device=None, dtype: torch.dtype | None = None) -> "DepthPack":
-        """A copy in eval mode on device in dtype that runs recipe's kernels (the caller's model is left
-        as it was); a model the hybrid blocks cannot compute is a ValueError naming the part."""
-        if recipe.blocks == "hybrid":
-            from ..kernels.vit_block import block_weights
-            if not isinstance(self.backbone.norm_pre, nn.Identity):
-                raise ValueError("hybrid blocks: the backbone's norm_pre must be Identity")
-            for blk in self.backbone.blocks:
-                block_weights(blk)
+        """A copy in eval mode on device in dtype that runs recipe's kernels: its selection, its blocks swapped
+        in for timm's (kernels.vit_block.swap_blocks), the input folded (the caller's model is left as it
+        was); a model the hybrid blocks cannot compute is a ValueError naming the part."""
+        if recipe.blocks == "hybrid" and not isinstance(self.backbone.norm_pre, nn.Identity):
+            raise ValueError("hybrid blocks: the backbone's norm_pre must be Identity")
         model = copy.deepcopy(self).to(device=device)
+        swap_blocks(model.backbone.blocks, recipe.blocks, recipe.gelu_epilogue)
         if recipe.fold_input:
             model.fold_input_()
         if dtype is not None:
             model = model.to(dtype)  # selection ranks and offset frequencies stay exact (integer buffers)
-        model.recipe = recipe
+        model.selection = recipe.selection
         return model.eval()
 
     # ---- pieces ---------------------------------------------------------------------------------
@@ -365,15 +364,12 @@ class DepthPack(nn.Module):
         return torch.cat(parts + [self.anchors(x)], dim=1)
 
     def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens [B,S,D] -> [B,S,D]: timm's blocks, or the recipe's hybrid blocks (inference without a mask)
-        r = self.recipe
-        if r.blocks == "hybrid" and attn_mask is None:
-            from ..kernels.vit_block import hybrid_blocks
-            return self.backbone.norm(hybrid_blocks(self.backbone.blocks, tokens, r.gelu_epilogue))
+        # tokens [B,S,D] -> [B,S,D]: the backbone's blocks (the recipe's once deployed; hybrid blocks carry a
+        # float32 residual stream, cast back to the tokens' dtype before the final norm)
         x = self.backbone.norm_pre(tokens)
         for blk in self.backbone.blocks:
-            x = block_forward(blk, x, attn_mask, r.gelu_epilogue)
-        return self.backbone.norm(x)
+            x = blk(x, attn_mask=attn_mask)
+        return self.backbone.norm(x.to(tokens.dtype))
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
         p = self.cfg.patch_size
@@ -386,7 +382,7 @@ class DepthPack(nn.Module):
             rank, order = self.spread_rank, self.spread_order
         else:
             rank, order = spread_rank(*grid, device=images.device), None
-        return select_tokens(points, bucket, self.cfg.patch_size, grid, rank, self.recipe.selection, order)
+        return select_tokens(points, bucket, self.cfg.patch_size, grid, rank, self.selection, order)
 
     def focal_scale(self, images: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor | None:
         """f / canonical_focal per image [B] float32 (None: the model has no focal input).
@@ -525,18 +521,6 @@ class DepthPack(nn.Module):
                 + torch.arange(gw, device=images.device).view(1, 1, gw, 1)).expand(gh, p, gw, p).reshape(1, H * W)
         depth = self.forward_head(feats, slot.expand(B, -1), pts, self.focal_scale(images, focal), glance, (H, W))
         return depth.view(B, gh, p, gw, p).reshape(B, H, W)
-
-
-def block_forward(blk, x: torch.Tensor, attn_mask: torch.Tensor | None = None, gelu_epilogue: bool = False) -> torch.Tensor:
-    """timm's Block, x [B,S,D] -> [B,S,D]; gelu_epilogue: fc1 + bias + GELU as one GEMM with cuBLASLt's
-    epilogue (torch._addmm_activation; its tanh GELU, within bf16 rounding of timm's exact one)."""
-    if not gelu_epilogue:
-        return blk(x, attn_mask=attn_mask)
-    x = x + blk.drop_path1(blk.ls1(blk.attn(blk.norm1(x), attn_mask=attn_mask)))
-    mlp, h = blk.mlp, blk.norm2(x)
-    h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
-    h = mlp.fc2(mlp.norm(mlp.drop1(h))).reshape(x.shape)
-    return x + blk.drop_path2(blk.ls2(mlp.drop2(h)))
 
 
 def load_backbone_weights(backbone: VisionTransformer, path: str | Path) -> None:

@@ -20,7 +20,7 @@ torch.compile and torch.export trace through it, AOTInductor compiles it into th
 sm_80/sm_87 as well as Hopper), and it is capturable in a CUDA graph. CPU tensors or a missing Triton take
 the references (the same arithmetic in torch). With TRITON_INTERPRET=1 set before Triton is imported,
 ``run_interpreted`` runs the kernels on CPU tensors. The fast recipe (core.fast) picks these blocks at
-batch 1.
+batch 1; DepthPack.deployed swaps them in for timm's (swap_blocks), EpilogueBlock for the GELU epilogue alone.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from timm.models.vision_transformer import Block
 
 try:
     import triton
@@ -69,7 +70,7 @@ def hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_
     cuBLASLt's epilogue when gelu_epilogue: its tanh GELU); attention + projection + residual by
     attn_proj(qkv, x, proj_w, proj_b, ls1, num_heads), fc2 + residual by fc2(h, fc2_w, fc2_b, ls2, r).
     With the torch references for those two it is the reference the kernels are held to
-    (vit_block_reference); hybrid_blocks passes the kernels' ops."""
+    (vit_block_reference); HybridBlock passes the kernels' ops."""
     B, S, D = x.shape
     dt = qkv_w.dtype
     x = x.float()
@@ -294,23 +295,53 @@ def _check(x: torch.Tensor, weights: tuple) -> None:
                          f"fc1 {tuple(fc1_w.shape)}")
 
 
-def hybrid_blocks(blocks, tokens: torch.Tensor, gelu_epilogue: bool = False) -> torch.Tensor:
-    """tokens [B,S,D] through timm Blocks (no attention mask) -> [B,S,D] in the tokens' dtype, each block as
-    hybrid_block with the two kernels (gelu_epilogue: fc1's GELU in cuBLASLt's epilogue). CPU tensors or no
-    Triton: the blocks themselves (the reference path)."""
-    if not (HAVE_TRITON and not INTERPRET and tokens.is_cuda):
-        for blk in blocks:
-            tokens = blk(tokens)
-        return tokens
-    if torch.is_grad_enabled() and tokens.requires_grad:
-        raise ValueError("hybrid blocks are inference only: run under torch.no_grad() or use the timm blocks to train")
-    x = tokens.contiguous()
-    ops = torch.ops.depthpack
-    for blk in blocks:
-        weights = block_weights(blk)
+class EpilogueBlock(Block):
+    """timm's Block with fc1 + bias + GELU as one GEMM with cuBLASLt's epilogue (torch._addmm_activation:
+    its tanh GELU, within bf16 rounding of timm's exact one). Swapped in at deploy time (swap_blocks)."""
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask)))
+        mlp, h = self.mlp, self.norm2(x)
+        h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
+        h = mlp.fc2(mlp.norm(mlp.drop1(h))).reshape(x.shape)
+        return x + self.drop_path2(self.ls2(mlp.drop2(h)))
+
+
+class HybridBlock(Block):
+    """hybrid_block with the two kernels, inference only: the residual stream comes out float32 (the model
+    casts it back after the last block). With a key mask, CPU tensors or no Triton: the block it replaced
+    (timm's, or EpilogueBlock's with gelu_epilogue)."""
+    gelu_epilogue = False
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if attn_mask is not None or not (HAVE_TRITON and not INTERPRET and x.is_cuda):
+            return (EpilogueBlock.forward if self.gelu_epilogue else Block.forward)(self, x, attn_mask=attn_mask)
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise ValueError("hybrid blocks are inference only: run under torch.no_grad() or use the timm blocks to train")
+        weights = block_weights(self)
         _check(x, weights)
-        x = hybrid_block(x, *weights, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res, gelu_epilogue=gelu_epilogue)
-    return x.to(tokens.dtype)
+        ops = torch.ops.depthpack
+        return hybrid_block(x.contiguous(), *weights, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res,
+                            gelu_epilogue=self.gelu_epilogue)
+
+
+def swap_blocks(blocks: nn.Sequential, kind: str, gelu_epilogue: bool) -> None:
+    """Replace timm's Blocks in place by the recipe's: "hybrid" (HybridBlock), or with gelu_epilogue
+    EpilogueBlock; the same parameters under the same names. A block the kernels cannot compute is a
+    ValueError naming the part (block_weights)."""
+    for i, blk in enumerate(blocks):
+        if kind == "hybrid":
+            block_weights(blk)
+            cls = HybridBlock
+        elif gelu_epilogue:
+            cls = EpilogueBlock
+        else:
+            continue
+        new = cls.__new__(cls)
+        new.__dict__.update(blk.__dict__)  # the same submodules and parameters
+        if kind == "hybrid":
+            new.gelu_epilogue = gelu_epilogue
+        blocks[i] = new
 
 
 def run_interpreted(x: torch.Tensor, *weights, sms: int = 132) -> torch.Tensor:
