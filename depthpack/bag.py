@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     r.add_argument("--points", required=True, help="grid:COLSxROWS (cell centres), or a file of 'x y' lines in frame pixels")
     src = r.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a run folder, checkpoint folder or model.safetensors")
+    src.add_argument("--checkpoint", help="a run folder, checkpoint folder, or a weights file (that file, config.json beside it)")
     src.add_argument("--packages", help="an export's manifest.json (its .pt2 packages)")
     r.add_argument("--out", required=True, help="the output bag: *.bag for a ROS 1 input, a folder name for ROS 2")
     r.add_argument("--storage", choices=("mcap", "sqlite3"), default=None, help="ROS 2 output storage (default: the input's)")

@@ -20,7 +20,7 @@ the previous checkpoint is used instead (the last ``keep`` checkpoints are kept,
 training run deletes the incomplete ones when it starts (``remove_incomplete``).
 
 ``load_model(path)`` rebuilds a DepthPack from any of: a run folder, a checkpoint folder, or a
-``model.safetensors`` file (with its ``config.json`` beside it).
+weights file of any name (with its ``config.json`` beside it): a file path loads that very file.
 """
 from __future__ import annotations
 
@@ -265,40 +265,49 @@ def latest_checkpoint(out_dir: str | Path, use: Callable[[Path, dict[str, bytes]
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A run folder, a checkpoint folder or a model.safetensors file -> the checkpoint folder."""
+    """A run folder, a checkpoint folder or a weights file -> the checkpoint folder (the file's folder)."""
+    return checkpoint_files(path)[0]
+
+
+def checkpoint_files(path: str | Path) -> tuple[Path, Path]:
+    """(checkpoint folder, weights file) of a run folder (its newest checkpoint that verifies), a
+    checkpoint folder (its model.safetensors) or a weights file of any name (that file, with the
+    config.json beside it): a file path never stands for another file of its folder."""
     path = Path(path)
     if path.is_file():
-        return path.parent
+        return path.parent, path
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if (path / WEIGHTS).is_file():
-        return path
+        return path, path / WEIGHTS
     found = latest_checkpoint(path)
     if found is None:
         raise CheckpointError(f"{path} holds no checkpoint (no {WEIGHTS}, no {LATEST}, no {CKPT_DIR}/step_*)")
-    return found[0]
+    return found[0], found[0] / WEIGHTS
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """Rebuild a DepthPack from a checkpoint, in eval mode.
 
-    path: a run folder (its newest checkpoint that verifies), a checkpoint folder, or a
-    model.safetensors file with its config.json beside it. The model is built from the stored
-    ModelConfig (never from a backbone file: the trained weights replace it) and loaded strictly:
-    a missing, extra or misshapen tensor is an error naming the file. Where meta.json is present
-    the files are checked against it (size + sha256) first. Nothing is unpickled.
+    path: a run folder (its newest checkpoint that verifies), a checkpoint folder, or a weights file
+    (model.safetensors or any other name, e.g. best_step18.safetensors) with its config.json beside
+    it: a file path loads that file. The model is built from the stored ModelConfig (never from a
+    backbone file: the trained weights replace it) and loaded strictly: a missing, extra or misshapen
+    tensor is an error naming the file. Where meta.json describes the files they are checked against
+    it (size + sha256) first. Nothing is unpickled.
     """
-    d = resolve_checkpoint(path)
-    if (d / META).is_file():
-        blobs = verify_checkpoint(d, (WEIGHTS, CONFIG))
-    else:  # a bare model.safetensors + config.json (e.g. copied by hand): no hashes to check
-        for name in (WEIGHTS, CONFIG):
-            if not (d / name).is_file():
-                raise CheckpointError(f"checkpoint {d}: {name} is missing")
-        blobs = {n: (d / n).read_bytes() for n in (WEIGHTS, CONFIG)}
+    d, weights = checkpoint_files(path)
+    if not (d / CONFIG).is_file():
+        raise CheckpointError(f"checkpoint {path}: {CONFIG} is missing (the weights {weights.name} load with the "
+                              f"{CONFIG} beside them, in {d})")
+    if (d / META).is_file():  # meta.json hashes config.json, and the weights when they are its model.safetensors
+        blobs = verify_checkpoint(d, (WEIGHTS, CONFIG) if weights.name == WEIGHTS else (CONFIG,))
+    else:  # a bare weights file + config.json (e.g. copied by hand): no hashes to check
+        blobs = {CONFIG: (d / CONFIG).read_bytes()}
+    data = blobs[WEIGHTS] if WEIGHTS in blobs else weights.read_bytes()
     stored = parse_config(blobs[CONFIG], d / CONFIG)
     model = DepthPack(from_dict(ModelConfig, {**stored["model"], "backbone_weights": None}))
-    load_weights(model, load_weights_bytes(blobs[WEIGHTS], d / WEIGHTS), d / WEIGHTS)
+    load_weights(model, load_weights_bytes(data, weights), weights)
     model.eval()
     if dtype is not None:
         model.to(dtype=dtype)

@@ -35,7 +35,7 @@ def _settings(text: str) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = cli.Parser(prog="python -m depthpack.export", description=__doc__.split("\n")[0], name="export")
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="run folder, checkpoint folder or model.safetensors (config.json beside it)")
+    src.add_argument("--checkpoint", help="run folder, checkpoint folder, or a weights file of any name (that file, config.json beside it)")
     src.add_argument("--preset", help="export a preset with seeded random weights (for tests)")
     ap.add_argument("--out", required=True, help="output folder (manifest.json, depthpack_k{K}.pt2, reference.*)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the device the packages will run on")

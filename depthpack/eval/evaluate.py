@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..core import cli
-from ..core.checkpoint import list_checkpoints, load_model, resolve_checkpoint, stored_config
+from ..core.checkpoint import checkpoint_files, list_checkpoints, load_model, stored_config
 from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
 from ..core.model import scaled_depth
 from ..core.packing import bucket_for, pad_points, patch_of_points, run_chunked
@@ -605,7 +605,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "mapping is used, e.g. configs/demo.yaml) or a bare DataConfig mapping. Positional "
                "data.KEY=VALUE overrides apply last (e.g. data.kind=kitti data.root=/data/kitti "
                "data.eval_crop=garg).")
-    ap.add_argument("--checkpoint", required=True, help="run folder, checkpoint folder or model.safetensors")
+    ap.add_argument("--checkpoint", required=True, help="run folder, checkpoint folder, or a weights file (that file, config.json beside it)")
     ap.add_argument("--data", default=None, help="YAML with the DataConfig (a `data:` mapping or a bare one)")
     ap.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides of the DataConfig")
     ap.add_argument("--split", default="val", choices=("train", "val"))
@@ -690,15 +690,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      progress=not a.no_progress, focal=a.focal, dense_map=a.dense_map, shares=a.curve,
                      context=tuple(a.context))
     result = evaluate(model, ds, s)
-    cdir = resolve_checkpoint(a.checkpoint)
-    result.update(checkpoint=str(cdir), data=to_dict(dcfg), split=a.split, model=to_dict(mc),
+    cdir, weights = checkpoint_files(a.checkpoint)
+    result.update(checkpoint=str(cdir), weights=str(weights), data=to_dict(dcfg), split=a.split, model=to_dict(mc),
                   image_size=list(a.image_size or mc.img_size))
     if a.context_diagnostic is not None:
         q = a.context_diagnostic
         result["context_diagnostic"] = context_diagnostic(model, ds, q, lambda smp, i: eval_points(smp, q, a.seed, i),
                                                           a.max_images or 32)
     atomic_write_json(out / "eval.json", result, sort_keys=False)
-    md = to_markdown(result, f"depthpack accuracy: {cdir}, {dcfg.kind} {a.split}") + extra_markdown(result)
+    md = to_markdown(result, f"depthpack accuracy: {weights}, {dcfg.kind} {a.split}") + extra_markdown(result)
     if a.context_diagnostic is not None:
         md += diagnostic_markdown(result["context_diagnostic"])
     atomic_write_text(out / "eval.md", md)

@@ -166,3 +166,41 @@ def test_a_prune_cut_short_leaves_an_incomplete_folder_that_a_run_removes(run, t
         assert ck.remove_incomplete(copy) == [older, killed]
         assert ck.latest_checkpoint(copy)[0] == newest
     assert [d.name for d in ck.list_checkpoints(copy)] == [newest.name, writing.name]
+
+
+def _same_weights(model, folder: Path) -> bool:
+    from safetensors.torch import load_file
+
+    want = load_file(str(folder / ck.WEIGHTS))
+    return all(bool((model.state_dict()[k] == v).all()) for k, v in want.items())
+
+
+def test_a_weights_file_path_loads_that_file_never_its_folders_model_safetensors(run, tmp_path):
+    """best_step3.safetensors beside step 6's model.safetensors: the file given is the file loaded (eval,
+    export and bench load through load_model), and eval.json names it."""
+    older, newest = ck.list_checkpoints(run)
+    d = tmp_path / "ckpt"
+    shutil.copytree(newest, d)
+    best = d / "best_step3.safetensors"
+    shutil.copy(older / ck.WEIGHTS, best)
+    assert _same_weights(ck.load_model(best), older) and not _same_weights(ck.load_model(best), newest)
+    assert _same_weights(ck.load_model(d), newest)  # a folder keeps its meaning: its model.safetensors
+    assert ck.checkpoint_files(best) == (d, best)
+    from depthpack.eval.evaluate import main as eval_main
+
+    result = eval_main(["--checkpoint", str(best), "--queries", "4", "--max-images", "1", "--paths", "packed",
+                        "--anchors", "on", "--figure-images", "0", "--no-progress", "--out", str(tmp_path / "ev")])
+    assert result["weights"] == str(best)
+    (d / "junk.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ck.CheckpointError, match=f"{d / 'junk.safetensors'}: not a readable safetensors file"):
+        ck.load_model(d / "junk.safetensors")
+
+
+def test_a_missing_file_or_config_is_named_as_the_user_gave_it(run, tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    shutil.copy(ck.list_checkpoints(run)[-1] / ck.WEIGHTS, d / "best.safetensors")
+    with pytest.raises(ck.CheckpointError, match=f"checkpoint {d / 'best.safetensors'}: config.json is missing"):
+        ck.load_model(d / "best.safetensors")
+    with pytest.raises(ck.CheckpointError, match=f"checkpoint {d / ck.WEIGHTS} does not exist"):
+        ck.load_model(d / ck.WEIGHTS)
