@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ..core.checkpoint import load_model
 from ..core.config import PRESETS, ModelConfig, model_config, to_dict
 from ..core.fast import Recipe, fast_recipe
-from ..core.files import atomic_write_json, publish_dir, publish_into, sha256_file, staging_dir
+from ..core.files import atomic_write_bytes, atomic_write_json, publish_dir, publish_into, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
                        REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, WEIGHTS, io_specs, onnx_name, package_name,
@@ -318,9 +318,9 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
         entries = _copy_packages(Path(opts.reuse_packages), reused, out, log)
     else:
         entries = _compile(deployed, opts, device, buckets, frame, g, weights, inductor_configs, out, times, log)
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    save_file(weights, str(out / WEIGHTS))
+    atomic_write_bytes(out / WEIGHTS, save(weights))  # the umask's mode, readable by a robot's service user
     weights_entry = {"file": WEIGHTS, "sha256": sha256_file(out / WEIGHTS)}
     log(f"weights: {len(weights)} tensors, {(out / WEIGHTS).stat().st_size / 1e6:.1f} MB -> {WEIGHTS}")
     reference = write_reference(deployed, buckets, out, opts.batch, opts.seed, device, frame)

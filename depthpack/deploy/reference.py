@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..core.files import sha256_file
+from ..core.files import atomic_write_bytes, sha256_file
 from ..core.model import DepthPack
 from ..core.packing import run_chunked
 from ..core.preprocess import load_image, read_rgb, scale_points
@@ -67,7 +67,7 @@ def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int,
     the CSV's, and the depth is the package's own function (preprocessing included) run eagerly.
     A model with a focal input: "focal" [B], 1.25x the manifest's default (pixels of the packages'
     input), so a runner that dropped or misscaled it fails the check."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from .package import PackedForward, manifest_focal
 
@@ -99,6 +99,7 @@ def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int,
     with torch.no_grad():
         fn = lambda x, p, k, *f: PackedForward(model, k, frame)(x, p, *f)  # noqa: E731
         depth = run_chunked(fn, inputs.to(device), points.to(device), tuple(buckets), *extra).float().cpu()
-    save_file({**tensors, "depth": depth.contiguous()}, str(out / REFERENCE))
+    # through atomic_write_bytes: the umask's mode like every file of the export (save_file makes 0600)
+    atomic_write_bytes(out / REFERENCE, save({**tensors, "depth": depth.contiguous()}))
     return {"file": REFERENCE, "sha256": sha256_file(out / REFERENCE), "image": REFERENCE_IMAGE,
             "points_csv": REFERENCE_POINTS}

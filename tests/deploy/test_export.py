@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +93,15 @@ def test_manifest_keys_values_and_hashes(exported):
         + [f"depthpack_k{k}.{ext}" for k in BUCKETS for ext in ("pt2", "onnx")])  # nothing else, no staging
     assert not list(out.parent.glob(f".{out.name}.*"))  # the staging folder is gone
     assert read_manifest(out / "manifest.json") == m
+
+
+def test_every_file_of_the_export_has_the_umask_mode(exported):
+    """An export copied with its modes must stay readable by a robot's service user: no file is private
+    (safetensors' save_file makes 0600), each has the mode the umask gives a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in exported.out.iterdir()}
+    assert modes == {name: oct(0o666 & ~umask) for name in modes}
 
 
 def test_packages_equal_eager_on_fresh_inputs(exported):
