@@ -67,29 +67,37 @@ def test_flop_count_is_the_same_with_the_gemm_epilogue():
     assert plain > 0 and fused == plain
 
 
-def test_rows_are_timed_round_robin_and_a_failing_row_drops_out_alone():
+def test_rows_are_timed_round_robin_and_a_failing_row_drops_out_alone(monkeypatch):
     """Repeat r of every row runs before repeat r + 1 (drift falls on all rows alike); a row whose call raises
-    keeps its error, and the other rows are still timed."""
+    keeps its error, and the other rows are still timed. A fake clock on which every call takes one tick (2^-10 s,
+    exact in binary): a spell is then 3 warm-up + 1 probe + seconds / tick calls, on any machine under any load."""
     from types import SimpleNamespace
 
     import torch
 
+    import depthpack.runtime.graphs as graphs
     from depthpack.bench.ladder import ROWS, Prepared, time_rows
 
+    TICK = 2.0 ** -10
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(graphs, "time", SimpleNamespace(perf_counter=lambda: clock.now))
     log = []
 
     def make(name, fail_after=None):
         def call(i):
+            clock.now += TICK
             log.append(name)
             if fail_after is not None and log.count(name) > fail_after:
                 raise RuntimeError("boom")
         return Prepared(ROWS["packed-eager"], call, 1, None, reps=[])
 
-    a, b, c = make("a"), make("b", fail_after=60), make("c")
-    args = SimpleNamespace(sets=1, seconds=1e-4, repeats=3)
+    per_spell = 3 + 1 + 25  # seconds = 25 ticks
+    a, b, c = make("a"), make("b", fail_after=2 * per_spell), make("c")  # b fails in its second timed spell
+    args = SimpleNamespace(sets=1, seconds=25 * TICK, repeats=3)
     time_rows([a, b, c], torch.device("cpu"), args)
     spells = [name for i, name in enumerate(log) if i == 0 or log[i - 1] != name]  # one entry per spell
-    assert spells[:6] == ["a", "b", "c"] * 2  # the discarded spells a b c, then repeat 1: a b c, ...
-    assert len(a.reps) == len(c.reps) == 3 and all(len(r) >= 20 for r in a.reps + c.reps)
+    assert spells == ["a", "b", "c"] * 3 + ["a", "c"]  # the discarded spells a b c, then repeat 1: a b c, ...
+    assert log.count("a") == log.count("c") == 4 * per_spell and log.count("b") == 2 * per_spell + 1
+    assert [len(r) for r in a.reps + c.reps] == [25] * 6 and all(t == 1e3 * TICK for r in a.reps for t in r)
     assert isinstance(b.error, RuntimeError) and a.error is None and c.error is None
-    assert b.reps[-1] is None  # its later spells were not run
+    assert len(b.reps[0]) == 25 and b.reps[1:] == [None, None]  # its later spells were not run
