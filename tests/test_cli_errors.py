@@ -23,6 +23,7 @@ TRAIN = [sys.executable, str(ROOT / "train" / "train.py")]
 EVAL = [sys.executable, "-m", "depthpack.eval"]
 EXPORT = [sys.executable, str(ROOT / "export" / "export.py")]
 BENCH = [sys.executable, "-m", "depthpack.bench"]
+DATA = [sys.executable, "-m", "depthpack.data"]
 FAST = ["progress=false", "threads=1", "eval_images=1", "data.num_samples=8"]  # train overrides of every case
 
 
@@ -139,8 +140,12 @@ CASES = [
     Case("bench-corrupt-checkpoint", lambda w: [*BENCH, "--checkpoint", str(w.corrupt), "--device", "cpu",
                                                 "--out", str(w.b1)], "no usable checkpoint", prepare=_corrupt_run),
     Case("bench-nothing-to-measure", lambda w: [*BENCH, "--device", "cpu", "--rows", "none"], "no row to measure"),
+    # ---- data -----------------------------------------------------------------------------------------
+    Case("data-figure-in-a-missing-folder", lambda w: [*DATA, "--figure", str(w.nothing / "dir" / "x.png")],
+         "does not exist"),
 ]
-NAMES = {"train": "train", "depthpack.eval": "eval", "export": "export", "depthpack.bench": "bench"}
+NAMES = {"train": "train", "depthpack.eval": "eval", "export": "export", "depthpack.bench": "bench",
+         "depthpack.data": "data"}
 
 
 @pytest.fixture(scope="module")

@@ -1,28 +1,45 @@
 """python -m depthpack.data: a figure of synthetic scenes, or synthetic samples written to disk in the
 generic folder format (rgb/NAME.png + depth/NAME.png). The renderer's speed: scripts/render_bench.py."""
-import argparse
+import sys
+from pathlib import Path
 
+from ..core import cli
 from . import DataConfig, make_dataset, write_folder_sample
 from .synthetic import figure
 
-ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ap.add_argument("--size", type=int, nargs=2, default=(256, 256), metavar=("H", "W"))
-ap.add_argument("--figure", default=None, help="write a PNG of sample scenes here")
-ap.add_argument("--write", default=None, metavar="DIR", help="write --count synthetic samples here")
-ap.add_argument("--count", type=int, default=16)
-ap.add_argument("--scene", default="mixed", choices=("indoor", "outdoor", "mixed"))
-ap.add_argument("--depth-scale", type=float, default=256.0, help="uint16 per meter (256 keeps 0-255 m)")
-args = ap.parse_args()
-if not (args.write or args.figure):
-    ap.error("nothing to do: give --figure PNG and/or --write DIR")
-if args.write:
-    from tqdm import tqdm
 
-    ds = make_dataset(DataConfig(scene=args.scene, num_samples=args.count), "train", tuple(args.size), 1e-3, 250.0)
-    for i in tqdm(range(args.count), desc="writing"):
-        write_folder_sample(ds[i], args.write, f"{i:06d}", args.depth_scale)
-    print(f"wrote {args.count} samples to {args.write} (read with DataConfig(kind='folder', root=..., "
-          f"depth_scale={args.depth_scale}))")
-if args.figure:
-    figure(args.figure)
-    print(f"wrote {args.figure}")
+def parse_args(argv: list[str] | None = None):
+    ap = cli.Parser(prog="python -m depthpack.data", description=__doc__.splitlines()[0], name="data")
+    ap.add_argument("--size", type=int, nargs=2, default=(256, 256), metavar=("H", "W"))
+    ap.add_argument("--figure", default=None, help="write a PNG of sample scenes here")
+    ap.add_argument("--write", default=None, metavar="DIR", help="write --count synthetic samples here")
+    ap.add_argument("--count", type=int, default=16)
+    ap.add_argument("--scene", default="mixed", choices=("indoor", "outdoor", "mixed"))
+    ap.add_argument("--depth-scale", type=float, default=256.0, help="uint16 per meter (256 keeps 0-255 m)")
+    args = ap.parse_args(argv)
+    if not (args.write or args.figure):
+        ap.error("nothing to do: give --figure PNG and/or --write DIR")
+    if args.figure and not Path(args.figure).resolve().parent.is_dir():  # before seconds of rendering
+        ap.error(f"--figure {args.figure}: the folder {Path(args.figure).parent} does not exist")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Errors are one line (cli.run): a bad argument, a folder that is not there, a file system that refuses."""
+    args = parse_args(argv)
+    if args.write:
+        from tqdm import tqdm
+
+        ds = make_dataset(DataConfig(scene=args.scene, num_samples=args.count), "train", tuple(args.size), 1e-3, 250.0)
+        for i in tqdm(range(args.count), desc="writing"):
+            write_folder_sample(ds[i], args.write, f"{i:06d}", args.depth_scale)
+        print(f"wrote {args.count} samples to {args.write} (read with DataConfig(kind='folder', root=..., "
+              f"depth_scale={args.depth_scale}))")
+    if args.figure:
+        figure(args.figure)
+        print(f"wrote {args.figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run("data", main))
