@@ -89,6 +89,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def process_temporary_dir(prefix: str):
+    """tempfile.TemporaryDirectory named for this process (PREFIX<pid>_...), after removing those of the
+    same prefix whose process is gone: a killed process cannot remove its own, so the next one does."""
+    import shutil
+    import tempfile
+
+    for p in Path(tempfile.gettempdir()).glob(f"{prefix}*_*"):
+        pid = p.name[len(prefix):].split("_", 1)[0]
+        if p.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}_")
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -3,13 +3,13 @@ the graph is static, and AOTInductor's compile into a .pt2."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from ..core.config import ModelConfig
+from ..core.files import process_temporary_dir
 from ..core.model import DepthPack
 from ..core.preprocess import frames_to_images, scale_focal, scale_points
 from .contract import focal_entry
@@ -154,7 +154,7 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    with tempfile.TemporaryDirectory(prefix="depthpack_eps_") as tmp:
+    with process_temporary_dir("depthpack_eps_") as tmp:
         args = []
         for i, job in enumerate(jobs):
             ep_file = Path(tmp) / f"program_{i}.pt2"
@@ -162,7 +162,7 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
             args.append({**{k: v for k, v in job.items() if k != "ep"}, "ep_file": str(ep_file)})
         log = Path(tmp) / "compile.log"  # the children's own output: a dying one prints a C++ stack there, not here
         with cf.ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("spawn"),
-                                    initializer=_quiet, initargs=(str(log),)) as pool:
+                                    initializer=_child_setup, initargs=(str(log), os.getpid())) as pool:
             futures = {pool.submit(_compile_saved, a): job for a, job in zip(args, jobs)}
             for fut in cf.as_completed(futures):
                 job = futures[fut]
@@ -186,14 +186,50 @@ def _why(e: BaseException, path: Path) -> str:
     return text
 
 
-def _quiet(log: str) -> None:
-    """A compile child writes its output (progress, warnings, a dying C++ runtime's stack) to log."""
+def _child_setup(log: str, parent: int) -> None:
+    """A compile child dies with the exporter (die_with_parent) and writes its output (progress, warnings,
+    a dying C++ runtime's stack) to log, its resource tracker's included: the exporter's tracker, which it
+    would share, prints "leaked semaphore objects" onto the exporter's terminal after the one error line
+    when a child dies holding one (a full disk aborts it)."""
     import sys
+    from multiprocessing import resource_tracker
 
+    die_with_parent(parent)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush(), sys.stderr.flush()
     os.dup2(fd, 1), os.dup2(fd, 2)
     os.close(fd)
+    tracker = resource_tracker._resource_tracker  # the exporter's, inherited: forget it, and a tracker of this
+    inherited = getattr(tracker, "_fd", None)  # child's own starts on first use, with the log as its stderr
+    if inherited is not None:
+        tracker._fd, tracker._pid = None, None
+        os.close(inherited)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """This process is killed (SIGKILL) when its parent `parent` dies, however it dies (SIGKILL and SIGTERM
+    included): a compile child of a killed exporter would otherwise hold its memory under PID 1 forever.
+    Linux's PR_SET_PDEATHSIG; elsewhere a thread that polls the parent. Gone already: exit now."""
+    import ctypes
+    import signal
+    import threading
+    import time
+
+    try:
+        armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # no prctl: not Linux
+        armed = False
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    if not armed:
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+        threading.Thread(target=watch, daemon=True).start()
 
 
 def _compile_saved(job: dict) -> float:
