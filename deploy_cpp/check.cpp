@@ -52,11 +52,14 @@ Check check_reference(Runner& r, const std::string& path) {
   }
   Check c;
   c.points = points.shape[1];
-  std::vector<float> got(size_t(B * c.points));
+  const size_t n = size_t(B * c.points);  // a NaN reference would compare as "max abs diff 0 ... MISMATCH"
+  const auto bad = std::count_if(want.f32.begin(), want.f32.begin() + n, [](float v) { return !std::isfinite(v); });
+  if (bad) throw Error("check " + path + ": its depth holds " + std::to_string(bad) + " values that are not finite (NaN or inf): not a reference");
+  std::vector<float> got(n);
   r.predict_inputs(frames ? (const void*)image.u8.data() : image.f32.data(), B, points.f32.data(), c.points, got.data(), focal);
   c.ok = true;
   for (size_t i = 0; i < got.size(); ++i) {  // row b of the reference's first B rows: same offsets
-    const double d = std::abs(double(got[i]) - want.f32[i]);
+    const double d = std::isfinite(got[i]) ? std::abs(double(got[i]) - want.f32[i]) : INFINITY;  // a NaN answer: inf, never 0
     c.max_abs_diff = std::max(c.max_abs_diff, d);
     c.ok = c.ok && std::isfinite(got[i]) && d <= m.atol + m.rtol * std::abs(want.f32[i]);
   }

@@ -269,6 +269,19 @@ def test_check_fails_on_wrong_reference(runner, exported, tmp_path):
     assert "MISMATCH" in proc.stderr
 
 
+def test_check_refuses_a_reference_that_is_not_finite(runner, exported, tmp_path):
+    """A NaN in the reference's depth is one error naming the file, never "max abs diff 0 ... MISMATCH"."""
+    from safetensors.torch import save_file
+
+    ref = load_file(str(exported / "reference.safetensors"))
+    ref["depth"][0, 1] = float("nan")
+    save_file(ref, str(tmp_path / "nan.safetensors"))
+    proc = run(runner, "--manifest", exported / "manifest.json", "--check", tmp_path / "nan.safetensors")
+    assert proc.returncode == 1 and "max abs diff 0" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "nan.safetensors") in lines[0] and "not finite" in lines[0], lines
+
+
 @pytest.mark.parametrize("q", [1, 7, 8, 9, 16, 17, 2 * 16 + 5])
 def test_depths_equal_python(runner, exported, python_depth, tmp_path, q):
     """Random points in the reference tensor image (model pixels): below, at and above each bucket,
