@@ -117,6 +117,10 @@ def read_manifest(path: str | Path) -> dict:
     import json
 
     path = Path(path)
+    if path.is_dir():  # an export folder where its manifest is meant: name the file to give
+        inside = path / MANIFEST
+        raise ManifestError(f"manifest {path} is a folder; " + (f"its manifest is {inside}" if inside.is_file()
+                                                                 else f"it holds no {MANIFEST} (not an export folder)"))
     if not path.is_file():
         raise ManifestError(f"manifest {path}: no such file")
     if path.stat().st_size > (1 << 24):

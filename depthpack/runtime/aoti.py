@@ -44,7 +44,11 @@ def _device_index(device: torch.device) -> int:
 def load_package(path: str | Path, device: torch.device):
     """The loader object itself: the binding the C++ runner also uses, single-threaded on CUDA."""
     run_single_threaded = device.type == "cuda"  # no internal locking/stream juggling: graph-capturable
-    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", run_single_threaded, 1, _device_index(device))
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", run_single_threaded, 1, _device_index(device))
+    except RuntimeError as e:  # a truncated or foreign file: the loader's words do not name it
+        why = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ValueError(f"package {path} cannot be loaded (truncated or not an AOTInductor package?): {why}") from None
 
 
 def load_weights(path: Path, device: torch.device) -> dict[str, torch.Tensor]:

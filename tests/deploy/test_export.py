@@ -166,6 +166,31 @@ def test_tampered_or_missing_package_refused(exported, tmp_path, capsys):
         load_runners(bad / "manifest.json", "cpu")
 
 
+def test_a_truncated_package_whose_hash_fits_is_named(exported, tmp_path):
+    """A .pt2 cut short (its manifest rehashed to match) is a ValueError naming the file, not the loader's
+    bare "Failed to initialize zip archive"."""
+    bad = tmp_path / "cut"
+    shutil.copytree(exported.out, bad)
+    pt2 = bad / "depthpack_k8.pt2"
+    pt2.write_bytes(pt2.read_bytes()[:4096])
+    m = json.loads((bad / "manifest.json").read_text())
+    m["buckets"][0]["sha256"] = sha256_file(pt2)
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=f"package {pt2} cannot be loaded"):
+        load_runners(bad / "manifest.json", "cpu")
+
+
+def test_an_export_folder_given_as_the_manifest_names_its_manifest(exported, tmp_path, capsys):
+    from depthpack import Predictor
+
+    with pytest.raises(ValueError, match=f"is a folder; its manifest is {exported.out / 'manifest.json'}"):
+        Predictor.from_packages(exported.out, device="cpu")
+    assert aoti_main(["--check", str(exported.out)]) == 1
+    assert "is a folder; its manifest is" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    with pytest.raises(ValueError, match=f"{tmp_path} is a folder; it holds no manifest.json"):
+        read_manifest(tmp_path)
+
+
 def test_manifest_device_and_arch_mismatch_refused(exported, tmp_path):
     for key, value, message in (("device", "cuda", "built for cuda"), ("arch", "sparc64", "built for sparc64"),
                                 ("torch_version", "1.13.0", "built with torch 1.13.0")):
