@@ -142,6 +142,8 @@ def verify_checkpoint(d: str | Path, names: tuple[str, ...] = (WEIGHTS, STATE, C
     Raises CheckpointError naming the file that is missing, truncated or corrupt."""
     d = Path(d)
     meta_path = d / META
+    if not d.is_dir():  # latest.json naming a step folder someone deleted
+        raise CheckpointError(f"checkpoint {d} is gone: the folder does not exist")
     if not meta_path.is_file():
         raise CheckpointError(f"checkpoint {d} is incomplete: {META} is missing (the write was interrupted?)")
     try:  # ValueError also covers bytes that are not UTF-8 (UnicodeDecodeError)

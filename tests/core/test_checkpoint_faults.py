@@ -204,3 +204,16 @@ def test_a_missing_file_or_config_is_named_as_the_user_gave_it(run, tmp_path):
         ck.load_model(d / "best.safetensors")
     with pytest.raises(ck.CheckpointError, match=f"checkpoint {d / ck.WEIGHTS} does not exist"):
         ck.load_model(d / ck.WEIGHTS)
+
+
+def test_latest_json_naming_a_deleted_step_folder_says_it_is_gone(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    older, newest = ck.list_checkpoints(copy)
+    shutil.rmtree(newest)
+    with pytest.warns(UserWarning, match=f"checkpoint {newest} is gone: the folder does not exist; using the previous"):
+        assert ck.latest_checkpoint(copy)[0] == older
+    shutil.rmtree(older)
+    with pytest.raises(ck.CheckpointError, match=f"checkpoint {newest} is gone") as e:
+        ck.latest_checkpoint(copy)
+    assert "meta.json is missing" not in str(e.value)
