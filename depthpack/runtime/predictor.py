@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from ..core.fast import REFERENCE, Recipe, fast_recipe
-from ..core.files import atomic_write_bytes
+from ..core.files import atomic_write_bytes, check_writable_dir
 from ..core.packing import bucket_for, chunk_plan, run_chunked
 from ..core.preprocess import frames_to_images, scale_focal, scale_points
 from ..core.validation import check_focal, check_points_in_image
@@ -47,8 +47,7 @@ def compile_counter() -> int:
 def configure_compile_cache(cache_dir: str | os.PathLike) -> Path:
     """Point Inductor's and Triton's on-disk caches into cache_dir and load the saved artifacts
     (torch.compiler.load_cache_artifacts) so a second process warms every bucket from disk."""
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = check_writable_dir(cache_dir, "cache_dir")  # a file in the way: one ValueError naming it
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((cache_dir / "inductor").resolve())
     os.environ["TRITON_CACHE_DIR"] = str((cache_dir / "triton").resolve())
     blob = cache_dir / CACHE_FILE
@@ -73,6 +72,20 @@ def _device(device) -> torch.device:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _dtype(dtype) -> torch.dtype:
+    """A compute dtype, given as a torch.dtype or its name ("float16"); a ValueError naming it otherwise (a
+    string went on to fail at the first call as an "Invalid device string")."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {[str(d).removeprefix('torch.') for d in _DTYPES]} "
+                         f"(a torch.dtype or its name)")
+    return dtype
 
 
 class _Staged:
@@ -197,7 +210,7 @@ class Predictor:
         self._fast, self._source = fast, model
         if dtype is None:
             dtype = torch.bfloat16 if fast is True and self.device.type == "cuda" else next(model.parameters()).dtype
-        self.dtype = dtype
+        self.dtype = _dtype(dtype)
         cfg = model.cfg
         self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
         self.uses_focal, self.frame_packages, self.manifest = cfg.uses_focal, None, None

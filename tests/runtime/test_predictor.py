@@ -131,6 +131,22 @@ def test_dtypes_cast_model_and_stay_close_to_fp32(dtype):
     torch.testing.assert_close(got, ref(images, points), rtol=tol, atol=tol * 20)
 
 
+def test_dtype_by_name_and_bad_construction_arguments_are_one_clear_error(tmp_path):
+    """dtype="float16" is float16 (it failed at the first call as "Invalid device string"); a dtype that is
+    none, or a cache_dir that is a file, is one ValueError at construction naming it."""
+    m = _model()
+    images, points = _inputs(1, 4)
+    pred = Predictor(m, device="cpu", dtype="float16")
+    assert pred.dtype == torch.float16 and pred.predict(images, points).shape == (1, 4)
+    with pytest.raises(ValueError, match="dtype 'half-ish': use one of"):
+        Predictor(m, device="cpu", dtype="half-ish")
+    with pytest.raises(ValueError, match="dtype torch.int8: use one of"):
+        Predictor(m, device="cpu", dtype=torch.int8)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match=f"cache_dir {tmp_path / 'afile'} is a file, not a folder"):
+        Predictor(m, device="cpu", cache_dir=tmp_path / "afile")
+
+
 def test_validation_errors(aot_eager):
     m = _model()
     pred = Predictor(m, device="cpu")
