@@ -129,7 +129,8 @@ def bag_info(path, image_topic: str | None = None, depth_topic: str | None = Non
                 depthish = enc in ("16UC1", "mono16", "32FC1") or "compresseddepth" in enc.lower()
                 guess["depth" if depthish else "colour"].append(name)
         names = set(r.topics)
-    out = dict(bag=str(path), format=fmt, topics=topics)
+    out = dict(bag=str(path), format=fmt, topics=topics,
+               camera_info_topics=[n for n, t in topics.items() if t["type"] == CAMERA_INFO])
     image = image_topic or (guess["colour"][0] if len(guess["colour"]) == 1 else None)
     depth = depth_topic or (guess["depth"][0] if len(guess["depth"]) == 1 else None)
     if image is None:
@@ -155,10 +156,12 @@ def info_text(info: dict) -> str:
         lines.append(f"{name:40s} {t['type']:34s} {t['count']:7d} {rate:>8s}  {enc}")
     p = info["pairing"]
     if p.get("paired") is not None:
+        found = info.get("camera_info_topics") or []  # none beside the colour topic: say which the bag has
+        cam = p["info_topic"] or ("none" + (f" (the bag has {', '.join(found)}: name one with --info-topic)" if found else ""))
         lines.append(f"pairing: colour {p['image_topic']} ({p['colour_frames']}) + depth {p['depth_topic']} "
                      f"({p['depth_frames']}) within {p['tolerance_ms']:g} ms: {p['paired']} pairs, dropped "
                      f"{p['dropped_colour']} colour / {p['dropped_depth']} depth frames; worst gap "
-                     f"{p['worst_pair_gap_ms']:g} ms; CameraInfo: {p['info_topic'] or 'none'}")
+                     f"{p['worst_pair_gap_ms']:g} ms; CameraInfo: {cam}")
     if p.get("why"):
         lines.append(f"pairing: {'incomplete' if p.get('paired') is not None else 'no'}: {p['why']}")
     return "\n".join(lines)

@@ -69,6 +69,24 @@ def test_info_lists_topics_rates_and_pairing(tmp_path, capsys):
     assert "/depth/cd32" in text and "32FC1; compressedDepth png" in text and "6 pairs, dropped 0 colour / 0 depth" in text
 
 
+def test_info_names_the_camera_info_topics_when_none_is_beside_the_colour_topic(tmp_path, capsys):
+    """CameraInfo published away from the colour topic's sibling: info lists the CameraInfo topics it found
+    and says how to name one, rather than a bare "CameraInfo: none"; --info-topic then pairs it."""
+    from depthpack.data.bag import CAMERA_INFO, IMAGE, BagWriter
+
+    K = np.array([[40.0, 0, 16], [0, 40.0, 12], [0, 0, 1]])
+    with BagWriter(tmp_path / "r", "mcap") as w:
+        img, cam = w.add("/front/image", IMAGE), w.add("/calib/front_info", CAMERA_INFO)
+        for k in range(3):
+            t = 1_000_000_000 + k * 100_000_000
+            w.write(img, t, w.image(np.zeros((24, 32, 3), np.uint8), "rgb8", t, "front"))
+            w.write(cam, t, w.camera_info(K, 32, 24, t, "front"))
+    assert main(["info", str(tmp_path / "r"), "--image-topic", "/front/image"]) == 0
+    assert "CameraInfo: none (the bag has /calib/front_info: name one with --info-topic)" in capsys.readouterr().out
+    assert main(["info", str(tmp_path / "r"), "--image-topic", "/front/image", "--info-topic", "/calib/front_info"]) == 0
+    assert "CameraInfo: /calib/front_info" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fmt,name", FORMATS, ids=[f for f, _ in FORMATS])
 def test_run_copies_the_bag_and_adds_the_answers(tmp_path, model, fmt, name):
     src = tmp_path / name
