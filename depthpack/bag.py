@@ -27,6 +27,12 @@ mid-write leaves no half bag (nor CSV) that a reader accepts, and the previous o
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m depthpack.bag: the imports below (torch) inside the one-line contract
+    import sys as _sys
+
+    from depthpack.core import cli as _cli
+    _sys.exit(_cli.run("bag", _cli.lazy("depthpack.bag:main")))
+
 import argparse
 import functools
 import json
@@ -502,6 +508,3 @@ def main_cli() -> None:
     """The console script depthpack-bag: main with the one-line error contract."""
     sys.exit(cli.run("bag", main))
 
-
-if __name__ == "__main__":
-    main_cli()

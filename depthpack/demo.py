@@ -19,6 +19,12 @@ the rest.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m depthpack.demo: the imports below (torch) inside the one-line contract
+    import sys as _sys
+
+    from depthpack.core import cli as _cli
+    _sys.exit(_cli.run("demo", _cli.lazy("depthpack.demo:cli_main")))
+
 import argparse
 import json
 import os
@@ -32,6 +38,7 @@ from pathlib import Path
 import torch
 
 from .core import cli
+from .core.files import check_writable_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # On a GPU the CPU recipe's data path (samples drawn on the host) leaves the GPU waiting: the same
@@ -370,7 +377,7 @@ def main(argv: list[str] | None = None) -> Path:
     t_start = time.perf_counter()
     out = (ROOT / a.out).resolve() if not Path(a.out).is_absolute() else Path(a.out)
     logs = out / "logs"
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out, "--out")  # a file in the way: one line naming it, not [Errno 17]
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     info = {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores"
@@ -413,15 +420,14 @@ def rel_to(path: Path, base: Path) -> str:
     return os.path.relpath(path, base)
 
 
-def run() -> None:
-    """python -m depthpack.demo and the console script depthpack-demo: main with the house's error
-    contract (one line `demo: error: WHAT`, exit 1), a failed step included."""
+def cli_main(argv: list[str] | None = None) -> int:
+    """main with the house's error contract (one line `demo: error: WHAT`, exit 1), a failed step included."""
     try:
-        code = cli.run("demo", main)
+        return cli.run("demo", main, argv)
     except StepFailed as e:
         cli.fail("demo", e)
-    sys.exit(code)
 
 
-if __name__ == "__main__":
-    run()
+def run() -> None:
+    """The console script depthpack-demo (python -m depthpack.demo: cli_main, through the guard at the top)."""
+    sys.exit(cli_main())

@@ -1,7 +1,13 @@
 """python -m depthpack.export: AOTInductor packages, manifest, reference and ONNX (depthpack.deploy.cli)."""
 import sys
 
-from .deploy.cli import main
+from .core import cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    """depthpack.deploy.cli's command, imported inside the one-line contract (a Ctrl-C while torch imports too)."""
+    return cli.run("export", cli.lazy("depthpack.deploy.cli:_main"), argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from depthpack.deploy.cli import main  # noqa: E402
+from depthpack.export import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,6 +24,7 @@ EVAL = [sys.executable, "-m", "depthpack.eval"]
 EXPORT = [sys.executable, str(ROOT / "export" / "export.py")]
 BENCH = [sys.executable, "-m", "depthpack.bench"]
 DATA = [sys.executable, "-m", "depthpack.data"]
+DEMO = [sys.executable, "-m", "depthpack.demo"]
 FAST = ["progress=false", "threads=1", "eval_images=1", "data.num_samples=8"]  # train overrides of every case
 
 
@@ -143,9 +144,12 @@ CASES = [
     # ---- data -----------------------------------------------------------------------------------------
     Case("data-figure-in-a-missing-folder", lambda w: [*DATA, "--figure", str(w.nothing / "dir" / "x.png")],
          "does not exist"),
+    # ---- demo -----------------------------------------------------------------------------------------
+    Case("demo-out-is-a-file", lambda w: [*DEMO, "--out", str(w.afile), "--skip", "train", "eval", "export", "cpp",
+                                          "bench", "bag"], "is a file, not a folder"),
 ]
 NAMES = {"train": "train", "depthpack.eval": "eval", "export": "export", "depthpack.bench": "bench",
-         "depthpack.data": "data"}
+         "depthpack.data": "data", "depthpack.demo": "demo"}
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +264,34 @@ def test_train_device_cuda_without_cuda_is_refused_before_anything_is_written(tm
     with pytest.raises(ValueError, match="device=cuda: CUDA is not available"):
         train(load_train_config(TINY, [f"out_dir={tmp_path / 'r'}", "device=cuda"]))
     assert not (tmp_path / "r").exists()
+
+
+# ---- Ctrl-C while the command still imports torch ------------------------------------------------
+INTERRUPT_AT_TORCH = '''import sys
+
+
+class InterruptAtTorch:  # the user's Ctrl-C, landing exactly while torch is imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+        return None
+
+
+sys.meta_path.insert(0, InterruptAtTorch())
+'''
+STARTS = [("train", ["-m", "depthpack.train", "--config", str(TINY)]), ("train", [str(ROOT / "train" / "train.py")]),
+          ("eval", ["-m", "depthpack.eval", "--checkpoint", "runs/x"]), ("bench", ["-m", "depthpack.bench"]),
+          ("export", ["-m", "depthpack.export", "--preset", "tiny", "--out", "x"]),
+          ("export", [str(ROOT / "export" / "export.py"), "--preset", "tiny", "--out", "x"]),
+          ("bag", ["-m", "depthpack.bag", "info", "x"]), ("demo", ["-m", "depthpack.demo", "--out", "x"]),
+          ("data", ["-m", "depthpack.data", "--figure", "x.png"])]
+
+
+@pytest.mark.parametrize("name, argv", STARTS, ids=[" ".join(a[:2]) for _, a in STARTS])
+def test_ctrl_c_while_torch_imports_is_one_line(name, argv, tmp_path):
+    """The package and the commands import torch lazily, inside core.cli.run: a Ctrl-C then is one line and
+    exit code 130, like a Ctrl-C later on, never a traceback through the imports."""
+    (tmp_path / "sitecustomize.py").write_text(INTERRUPT_AT_TORCH)  # Python imports it at start-up
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    p = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (130, f"{name}: interrupted\n"), p.stderr[-2000:]

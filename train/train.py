@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from depthpack.train.loop import main  # noqa: E402
+from depthpack.train.__main__ import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,11 +2,11 @@
 import sys
 
 from ..core import cli
-from .ladder import main
 
 
 def run() -> None:
-    sys.exit(cli.run("bench", main))  # a bad checkpoint, folder or config: one clear line, exit 1
+    # a bad checkpoint, folder or config: one clear line, exit 1
+    sys.exit(cli.run("bench", cli.lazy("depthpack.bench.ladder:main")))
 
 
 if __name__ == "__main__":

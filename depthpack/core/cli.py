@@ -38,15 +38,30 @@ class Parser(argparse.ArgumentParser):
 
 def run(name: str, main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
     """Run main(argv) as the command NAME: its int result is the exit code (anything else: 0); a
-    ValueError or OSError becomes one line on stderr and exit code 1."""
+    ValueError or OSError becomes one line on stderr and exit code 1; a Ctrl-C one line and exit code 130."""
     def show(message, category, filename, lineno, file=None, line=None):
         print(f"{name}: warning: {one_line(message)}", file=sys.stderr, flush=True)
 
-    with warnings.catch_warnings():
-        warnings.showwarning = show
-        try:
-            result = main(argv)
-        except (ValueError, OSError) as e:
-            print(f"{name}: error: {one_line(e)}", file=sys.stderr, flush=True)
-            return 1
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            try:
+                result = main(argv)
+            except (ValueError, OSError) as e:
+                print(f"{name}: error: {one_line(e)}", file=sys.stderr, flush=True)
+                return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        return 130
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def lazy(target: str) -> Callable[[list[str] | None], Any]:
+    """The function "module:name", imported when called: the command modules import torch at their top, so
+    an entry point that hands this to run() keeps a Ctrl-C during that import to one line as well."""
+    def call(argv: list[str] | None = None) -> Any:
+        import importlib
+
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)(argv)
+    return call

@@ -8,26 +8,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
-import numpy as np
-import torch
+from ..core.lazy import lazy_attributes
 
-from .bag import BagDataset, BagWriter
-from .common import BadSample, SkippingDataset, crop_mask, make_sample, valid_mask
-from .config import DataConfig
-from .datasets import NyuMatDataset, PairsDataset, SyntheticDataset, make_dataset
-from .formats import decode_uint16, encode_uint16, read_depth, read_pfm, read_rgb
-from .queries import sample_queries, sobel_magnitude
-from .synthetic import render
+_WHERE = {"BagDataset": ".bag", "BagWriter": ".bag", "BadSample": ".common", "SkippingDataset": ".common",
+          "crop_mask": ".common", "make_sample": ".common", "valid_mask": ".common", "DataConfig": ".config",
+          "NyuMatDataset": ".datasets", "PairsDataset": ".datasets", "SyntheticDataset": ".datasets",
+          "make_dataset": ".datasets", "decode_uint16": ".formats", "encode_uint16": ".formats",
+          "read_depth": ".formats", "read_pfm": ".formats", "read_rgb": ".formats", "sample_queries": ".queries",
+          "sobel_magnitude": ".queries", "render": ".synthetic"}
+__getattr__ = lazy_attributes(__name__, _WHERE)  # no torch until a name is used (core.lazy says why)
 
 __all__ = ["DataConfig", "make_dataset", "sample_queries", "write_folder_sample", "render", "BadSample",
            "SkippingDataset", "SyntheticDataset", "PairsDataset", "NyuMatDataset", "BagDataset", "BagWriter", "crop_mask", "valid_mask", "make_sample",
            "read_depth", "read_rgb", "read_pfm", "decode_uint16", "encode_uint16", "sobel_magnitude"]
 
+
 def write_folder_sample(sample: dict, root: str, name: str, depth_scale: float = 1000.0) -> tuple[Path, Path]:
     """Write root/rgb/NAME.png (8-bit RGB) and root/depth/NAME.png (uint16 = round(meters * depth_scale),
     0 = invalid) in the generic folder format; DataConfig(kind="folder", root=root, depth_scale=...)
     reads them back. ValueError if a depth does not fit in uint16 at that scale."""
+    import cv2
+    import numpy as np
+    import torch
+
+    from .formats import encode_uint16
+
     img = sample["image"]
     img = img.detach().cpu().numpy().transpose(1, 2, 0) if isinstance(img, torch.Tensor) else np.asarray(img)
     depth = sample["depth"]

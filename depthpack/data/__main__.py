@@ -4,8 +4,6 @@ import sys
 from pathlib import Path
 
 from ..core import cli
-from . import DataConfig, make_dataset, write_folder_sample
-from .synthetic import figure
 
 
 def parse_args(argv: list[str] | None = None):
@@ -26,6 +24,9 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     """Errors are one line (cli.run): a bad argument, a folder that is not there, a file system that refuses."""
+    from . import DataConfig, make_dataset, write_folder_sample  # torch: inside cli.run, a Ctrl-C in it too
+    from .synthetic import figure
+
     args = parse_args(argv)
     if args.write:
         from tqdm import tqdm

@@ -3,11 +3,10 @@ and dense paths of a checkpoint."""
 import sys
 
 from ..core import cli
-from .evaluate import main
 
 
 def run() -> None:
-    sys.exit(cli.run("eval", main))  # bad input: one clear line, exit 1
+    sys.exit(cli.run("eval", cli.lazy("depthpack.eval.evaluate:main")))  # bad input: one clear line, exit 1
 
 
 if __name__ == "__main__":

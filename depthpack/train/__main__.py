@@ -1,7 +1,13 @@
 """python -m depthpack.train --config CONFIG [key=value ...]: the train command (depthpack.train.loop.main)."""
 import sys
 
-from .loop import main
+from ..core import cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    """depthpack.train.loop's command, imported inside the one-line contract (a Ctrl-C while torch imports too)."""
+    return cli.run("train", cli.lazy("depthpack.train.loop:_main"), argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())
