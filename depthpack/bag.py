@@ -467,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--info-topic", default=None, help="CameraInfo (default: the colour topic's sibling camera_info)")
         p.add_argument("--tolerance-ms", type=float, default=10.0, help="colour and depth stamps closer than this pair")
     i.add_argument("--json", action="store_true", help="print the JSON instead of the table")
-    r.add_argument("--points", required=True, help="grid:COLSxROWS (cell centres), or a file of 'x y' lines in frame pixels")
+    r.add_argument("--points", default="grid:16x12",
+                   help="grid:COLSxROWS (cell centres), or a file of 'x y' lines in frame pixels (default grid:16x12)")
     src = r.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a run folder, checkpoint folder, or a weights file (that file, config.json beside it)")
     src.add_argument("--packages", help="an export's manifest.json (its .pt2 packages)")

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# The C++ frame loop on the GPU (called by scripts/gpu_run.sh with its work folder): vits bf16 packages
-# for bucket 256, as image packages (the runner preprocesses on the device) and as frame packages
-# (640x480 bgr8 in, preprocessing inside); 60 raw 640x480 bgr8 frames from a file, 256 points each;
-# depthpack_run --raw reports the latency of Runner::predict, with and without the read.
-#   CPP_KINDS="images frames" (default both), CPP_EXPORT_ARGS="--switches ... --inductor ..." (the
-#   packages' fast paths), CPP_TAG=NAME (results in $W/cpp_loop_NAME instead of $W/cpp_loop)
+# The C++ frame loop on the GPU: vits bf16 packages for bucket 256, as image packages (the runner
+# preprocesses on the device) and as frame packages (640x480 bgr8 in, preprocessing inside); 60 raw
+# 640x480 bgr8 frames from a file, 256 points each; depthpack_run --raw reports the latency of
+# Runner::predict, with and without the read.
+#   bash scripts/cpp_frame_loop.sh DIR     # results in DIR/cpp_loop
+# The runner: $DEPTHPACK_RUN, else DIR/cpp_build/depthpack_run (where scripts/gpu_run.sh builds it in its
+# work folder), else deploy_cpp/build/depthpack_run (where docs/install.md builds it).
+#   CPP_KINDS="images frames" (default both), CPP_EXPORT_ARGS="--plain" (more export flags: here, the
+#   reference model instead of the fast recipe), CPP_TAG=NAME (results in DIR/cpp_loop_NAME)
 set -u -o pipefail
-W=$1
+W=${1:?usage: bash scripts/cpp_frame_loop.sh DIR}
 PY=${PY:-python3}
-RUN=$W/cpp_build/depthpack_run
+RUN=${DEPTHPACK_RUN:-$W/cpp_build/depthpack_run}
+[ -x "$RUN" ] || RUN=deploy_cpp/build/depthpack_run
 L=$W/cpp_loop${CPP_TAG:+_$CPP_TAG}
 mkdir -p "$L"
 KINDS=${CPP_KINDS:-images frames}
 read -r -a EXPORT_ARGS <<< "${CPP_EXPORT_ARGS:-}"
 for kind in $KINDS; do
   extra=$([ $kind = frames ] && echo "--frame-size 640x480 --frame-format bgr8")
-  timeout 240 $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 --cpp-runner "$RUN" \
+  timeout 240 $PY export/export.py --preset vits --dtype bfloat16 --device cuda --buckets 256 \
     --out "$L/vits_$kind" $extra "${EXPORT_ARGS[@]}" >"$L/export_$kind.log" 2>&1 &
 done
 $PY - "$L" <<'PYEOF'
