@@ -254,8 +254,10 @@ class _Pass:
 
     def predict(self, rgb: np.ndarray, pts: np.ndarray, focal: float | None) -> np.ndarray:
         """One predict call plus its device sync, timed (the first call apart); the depths [Q] on the host."""
+        order = self.predictor.frame_packages[1] if self.predictor.frame_packages else "rgb"  # frame packages: theirs
+        frame = rgb if order == "rgb" else np.ascontiguousarray(rgb[..., ::-1])
         t0 = time.perf_counter()
-        pred = self.predictor.predict(rgb, pts, focal=focal)
+        pred = self.predictor.predict(frame, pts, focal=focal, color=order)
         self.sync()
         dt_ms = (time.perf_counter() - t0) * 1e3
         if self.first is None:
