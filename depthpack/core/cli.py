@@ -4,7 +4,9 @@ train/train.py, export/export.py, python -m depthpack.eval and python -m depthpa
 bad input the same way: one line on stderr, `NAME: error: WHAT`, and exit code 1; never a traceback,
 never argparse's usage block and exit code 2. A library error that a user can cause (a ValueError:
 bad config, corrupt checkpoint, malformed manifest; an OSError: a file system that refuses) is such a
-refusal. Warnings (say, a corrupt checkpoint skipped for the previous one) are one line each too.
+refusal. Warnings (say, a corrupt checkpoint skipped for the previous one) are one line each too, and
+so is a Ctrl-C (`NAME: interrupted`, exit code 130), also while torch is still importing: the entry
+points hand run() their module by name (lazy), and the packages import lazily (core.lazy).
 Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
