@@ -253,7 +253,7 @@ def make_world(work: Path) -> None:
                                                         "--frame-format", "bgr8")]
     try:
         build = build_runner(work)
-        for name in ("recording", "run1", "run2", "REC"):
+        for name in ("recording", "run1", "run2"):
             _bag(work / name)
         frames = _frames(3, seed=7)
         cv2.imwrite(str(work / "frame.png"), cv2.cvtColor(frames[0], cv2.COLOR_RGB2BGR))
