@@ -254,7 +254,8 @@ class _Pass:
 
     def predict(self, rgb: np.ndarray, pts: np.ndarray, focal: float | None) -> np.ndarray:
         """One predict call plus its device sync, timed (the first call apart); the depths [Q] on the host."""
-        order = self.predictor.frame_packages[1] if self.predictor.frame_packages else "rgb"  # frame packages: theirs
+        packages = getattr(self.predictor, "frame_packages", None)  # frame packages take their own channel order
+        order = packages[1] if packages else "rgb"
         frame = rgb if order == "rgb" else np.ascontiguousarray(rgb[..., ::-1])
         t0 = time.perf_counter()
         pred = self.predictor.predict(frame, pts, focal=focal, color=order)
