@@ -6,7 +6,7 @@
 #   bash scripts/cpp_frame_loop.sh DIR     # results in DIR/cpp_loop
 # The runner: $DEPTHPACK_RUN, else DIR/cpp_build/depthpack_run (where scripts/gpu_run.sh builds it in its
 # work folder), else deploy_cpp/build/depthpack_run (where docs/install.md builds it).
-#   CPP_KINDS="images frames" (default both), CPP_EXPORT_ARGS="--plain" (more export flags: here, the
+#   CPP_KINDS="images frames" (default both), CPP_EXPORT_ARGS="--recipe reference" (more export flags: here, the
 #   reference model instead of the fast recipe), CPP_TAG=NAME (results in DIR/cpp_loop_NAME)
 set -u -o pipefail
 W=${1:?usage: bash scripts/cpp_frame_loop.sh DIR}

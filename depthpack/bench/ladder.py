@@ -50,7 +50,8 @@ from ..core.model import DepthPack, create_model
 from ..core.packing import run_chunked
 from ..core.preprocess import parse_frame_size
 from ..runtime.graphs import capture, percentile, time_calls
-from ..runtime.predictor import Predictor, compile_counter
+from ..runtime.engines import compile_counter
+from ..runtime.predictor import Predictor
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def _kernel_steps(base: Row) -> tuple[Row, ...]:
     rows, prev = [], base
     for name, what, change in (("count-selection", "token selection by counting instead of topk", {"selection": "count"}),
                                ("gelu-epilogue", "fc1 + bias + GELU in one cuBLASLt GEMM", {"gelu_epilogue": True}),
-                               ("combo-kernels", "Inductor combo kernels (horizontal fusion)", {"inductor": fast.inductor}),
+                               ("combo-kernels", "Inductor combo kernels (horizontal fusion)", {"combo_kernels": True}),
                                ("fold-input", "input normalization folded into the patch embedding, K padded to a "
                                 "multiple of 8", {"fold_input": True}),
                                ("hybrid-blocks", "attention+proj+residual and fc2+residual as 2 Triton kernels a block",
@@ -199,6 +200,24 @@ def dav2_forward(model, mean, std, compiled: bool = False):
 
 
 # ---- building rows ----------------------------------------------------------------------------------
+def raise_recompile_limit(limit: int = 256) -> None:
+    """Dynamo keeps at most `recompile_limit` (default 8) compiled entries per code object, and every
+    (model instance, bucket, batch) is one entry of forward_packed: the benchmark's many predictors in one
+    process would exceed it and fall back. Raise it; recompiles are still counted."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < limit:
+            setattr(cfg, name, limit)
+
+
+def uncaptured(pred: Predictor, kind: str, size: tuple[int, int]) -> Callable:
+    """The predictor's static function called directly, chunked and padded as it is: the same kernels one by
+    one instead of a graph replay, for the profiler that counts them."""
+    fn = pred.engine.function(kind, size, pred.color)
+    return lambda im, pts: run_chunked(fn, im, pts, pred.buckets)
+
+
+
 def replayed(fn: Callable, images: torch.Tensor, points: torch.Tensor, pool) -> tuple[Callable, object]:
     """fn(images, points) captured in a CUDA graph over static copies of the inputs; (run, graph)."""
     static = [images.clone(), points.clone()]
@@ -229,7 +248,7 @@ class Rows:
         recipe = row.recipe or fast_recipe(self.device, self.B)  # the default's recipe: one compile with its twin row
         key = (recipe, row.input)
         if key not in self.preds:
-            self.preds[key] = Predictor(self.model, device=self.device, dtype=self.dtype, fast=recipe, batch_size=self.B,
+            self.preds[key] = Predictor(self.model, device=self.device, dtype=self.dtype, recipe=recipe, batch_size=self.B,
                                         validate=row.input == "frames", cache_dir=self.args.cache_dir, color="bgr")
         return self.preds[key]
 
@@ -242,9 +261,9 @@ class Rows:
             k = pred.bucket_for(min(Q, pred.buckets[-1]))
             pred.warmup(batch_size=self.B, buckets=sorted({k, pred.buckets[-1]} if Q > pred.buckets[-1] else {k}),
                         frame_size=frame_size)
-            fn, prof = pred.predict, pred.predict_uncaptured
+            fn, prof = pred.predict, uncaptured(pred, row.input, frame_size or pred.image_size)
             plain = lambda im, pts: run_chunked(self.plain.forward_packed, im, pts, self.plain.cfg.buckets)  # noqa: E731
-            flop = (lambda im, pts: Predictor(self.plain, self.device, fast=False, color="bgr").predict(im, pts)) \
+            flop = (lambda im, pts: Predictor(self.plain, self.device, recipe="reference", color="bgr").predict(im, pts)) \
                 if row.input == "frames" else plain
         else:
             fn = prof = self._baseline(row)
@@ -266,7 +285,7 @@ class Rows:
             if row.compile:  # the fastest dense forward: the fast recipe's kernels, compiled (FLOP realization)
                 recipe = replace(fast_recipe(self.device, self.B), blocks="timm")
                 fast = self.model.deployed(recipe, self.device, self.dtype)
-                return torch.compile(fast.forward_dense_core, dynamic=False, fullgraph=True, options=dict(recipe.inductor))
+                return torch.compile(fast.forward_dense_core, dynamic=False, fullgraph=True, options=recipe.inductor_options())
             return lambda im, pts: m.forward_dense_core(im, pts)
         if self.dav2 is None:
             self.dav2 = dav2_small(m.cfg.img_size).to(self.device, self.dtype)
@@ -350,6 +369,7 @@ def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], r
               progress) -> list[dict]:
     model = make_model(preset, args.checkpoint)
     H, W = model.cfg.img_size
+    raise_recompile_limit()  # every row's predictor compiles forward_packed anew
     rb = Rows(model, device, dtype, batch, args)
     results = []
     dt = str(dtype).replace("torch.", "")

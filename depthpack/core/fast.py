@@ -2,9 +2,12 @@
 
     recipe = fast_recipe("cuda", batch=1)   # what Predictor(model, device="cuda") and the export use
     REFERENCE                               # the plain model, eagerly: what every fast path is tested against
+    resolve("fast" | "reference" | Recipe(...), device, batch)   # the one spelling every entry point takes
 
 A Recipe is a set of measured winners (docs/performance.md has each one's figure and the ones that lost):
-    compile        torch.compile(fullgraph, static shapes) with Inductor options `inductor`
+    compile        torch.compile(fullgraph, static shapes) with Inductor; combo_kernels: Inductor's
+                   horizontal fusion of independent kernels; backend: "inductor", or another Dynamo
+                   backend (the CPU tests' "aot_eager": the same static machinery without Inductor)
     graph          one CUDA graph per bucket and input kind, replayed
     selection      "count": the packed selection by counting (core.packing), instead of torch.topk
     gelu_epilogue  fc1 + bias + GELU as one cuBLASLt GEMM with its epilogue (tanh GELU)
@@ -32,7 +35,8 @@ class Recipe:
     gelu_epilogue: bool = False
     blocks: str = "timm"
     fold_input: bool = False
-    inductor: tuple[tuple[str, Any], ...] = ()  # Inductor options as (name, value) pairs
+    combo_kernels: bool = False
+    backend: str = "inductor"
 
     def __post_init__(self) -> None:
         if self.selection not in SELECTIONS:
@@ -46,8 +50,13 @@ class Recipe:
         return dict(selection=self.selection, gelu_epilogue=self.gelu_epilogue, blocks=self.blocks,
                     fold_input=self.fold_input)
 
+    def inductor_options(self) -> dict[str, Any]:
+        """torch.compile's options for Inductor."""
+        return {"combo_kernels": True} if self.combo_kernels else {}
+
     def describe(self) -> dict[str, Any]:
-        return dict(compile=self.compile, graph=self.graph, **self.kernels, inductor=dict(self.inductor))
+        return dict(compile=self.compile, graph=self.graph, **self.kernels, inductor=self.inductor_options(),
+                    **({"backend": self.backend} if self.backend != "inductor" else {}))
 
 
 REFERENCE = Recipe()
@@ -59,9 +68,24 @@ def fast_recipe(device: Any, batch: int = 1) -> Recipe:
     if kind != "cuda":
         return REFERENCE
     return Recipe(compile=True, graph=True, selection="count", gelu_epilogue=True, fold_input=True,
-                  blocks="hybrid" if batch == 1 else "timm", inductor=(("combo_kernels", True),))
+                  blocks="hybrid" if batch == 1 else "timm", combo_kernels=True)
+
+
+RECIPES = ("fast", "reference")
+
+
+def resolve(recipe: "str | Recipe", device: Any, batch: int = 1) -> Recipe:
+    """"fast" (the fastest measured recipe for the device and batch), "reference" (the plain model, eagerly)
+    or a Recipe as it is; anything else is one ValueError."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    if recipe == "fast":
+        return fast_recipe(device, batch)
+    if recipe == "reference":
+        return REFERENCE
+    raise ValueError(f"recipe must be one of {', '.join(RECIPES)} or a depthpack.core.fast.Recipe, got {recipe!r}")
 
 
 def without_runtime(recipe: Recipe) -> Recipe:
     """The recipe's model kernels alone: eager, no graph (a parity reference for the compiled forms)."""
-    return replace(recipe, compile=False, graph=False, inductor=())
+    return replace(recipe, compile=False, graph=False, combo_kernels=False)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..core import cli
+from ..core.fast import RECIPES
 from ..core.preprocess import parse_frame_size
 from .contract import DTYPES, FRAME_FORMATS
 from .export import TARGETS, ExportOptions, export, load_for_export
@@ -40,13 +41,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="output folder (manifest.json, depthpack_k{K}.pt2, reference.*)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: the device the packages will run on")
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES),
-                    help="compute dtype inside the packages (default: bfloat16 on CUDA, float32 on a CPU; float32 with --plain)")
+                    help="compute dtype inside the packages (default: bfloat16 on CUDA with the fast recipe, else float32)")
     ap.add_argument("--buckets", type=_ints, default=None, help="capacities, ascending (default: the model config's)")
     ap.add_argument("--batch", type=int, default=1, help="static batch size of the packages")
     ap.add_argument("--onnx", action="store_true", help="also write float32 ONNX models (opset 20), checked with onnxruntime")
     ap.add_argument("--onnx-buckets", type=_ints, default=None, help="ONNX only for these buckets (default: all)")
-    ap.add_argument("--plain", action="store_true",
-                    help="the reference model in the packages (no fast recipe): for debugging and as a reference")
+    ap.add_argument("--recipe", default="fast", choices=RECIPES,
+                    help="fast: the fastest measured recipe for the device and batch (core.fast); reference: the plain "
+                         "model, for debugging and as a reference")
     ap.add_argument("--target", default="native",
                     help=f"refuse unless this machine is the target: native, {', '.join(sorted(TARGETS))} or ARCH[:sm_XY]")
     ap.add_argument("--reuse-packages", default=None, metavar="DIR",
@@ -70,7 +72,7 @@ def _main(argv=None) -> int:
     args = parse_args(argv)
     model, preset = load_for_export(args.checkpoint, args.preset, args.seed, args.model)
     opts = ExportOptions(out=args.out, device=args.device, dtype=args.dtype, buckets=args.buckets,
-                         batch=args.batch, fast=not args.plain, onnx=args.onnx or bool(args.onnx_buckets),
+                         batch=args.batch, recipe=args.recipe, onnx=args.onnx or bool(args.onnx_buckets),
                          onnx_buckets=args.onnx_buckets, target=args.target, seed=args.seed,
                          frame_size=args.frame_size, frame_format=args.frame_format,
                          compile_workers=args.compile_workers, reuse_packages=args.reuse_packages)

@@ -8,7 +8,7 @@ The folder's contract is depthpack.deploy.contract. Steps (a failure at any step
      and one GPU compute capability: build it where it runs), and an --out that holds anything but
      an earlier export;
   2. in a staging folder beside --out: per bucket torch.export -> static-graph check -> AOTInductor
-     with the fast recipe for the device and batch (core.fast; --plain: the reference model) (the
+     with the fast recipe for the device and batch (core.fast; --recipe reference: the plain model) (the
      packages hold code; the weights go to one file beside them, contract.WEIGHTS), or, with
      reuse_packages, an earlier export's packages of the same model and build, copied: new weights
      in minutes-old packages, no compile; the weights file, the reference files, optionally ONNX,
@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from ..core.checkpoint import load_model
 from ..core.config import PRESETS, ModelConfig, model_config, to_dict
-from ..core.fast import Recipe, fast_recipe
+from ..core.fast import Recipe, resolve
 from ..core.files import atomic_write_bytes, atomic_write_json, publish_dir, publish_into, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
 from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
@@ -58,7 +58,7 @@ class ExportOptions:
     dtype: str | None = None  # compute dtype inside the package; None: bfloat16 on CUDA with the fast recipe, else float32
     buckets: tuple[int, ...] | None = None  # None: the model config's ladder
     batch: int = 1
-    fast: bool = True  # the fast recipe for the device and batch (core.fast); False: the reference model
+    recipe: str = "fast"  # "fast": the fast recipe for the device and batch (core.fast); "reference": the plain model
     onnx: bool = False
     onnx_buckets: tuple[int, ...] | None = None  # None: every exported bucket (with onnx)
     reuse_packages: str | None = None  # an earlier export of the same model and build: its packages, new weights
@@ -69,11 +69,11 @@ class ExportOptions:
     seed: int = 0
     check_timeout_s: int = 900
 
-    def recipe(self, device: torch.device) -> Recipe:
-        return fast_recipe(device, self.batch) if self.fast else Recipe()  # Recipe(): the reference
+    def recipe_for(self, device: torch.device) -> Recipe:
+        return resolve(self.recipe, device, self.batch)
 
     def compute_dtype(self, device: torch.device) -> str:
-        return self.dtype or ("bfloat16" if self.fast and device.type == "cuda" else "float32")
+        return self.dtype or ("bfloat16" if self.recipe == "fast" and device.type == "cuda" else "float32")
 
 
 # ---- model ----------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         **({"focal": manifest_focal(cfg, frame_of(opts))} if cfg.uses_focal else {}),
         "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
-        "build": {"recipe": {**opts.recipe(device).kernels, "inductor": dict(opts.recipe(device).inductor)}},
+        "build": {"recipe": {**opts.recipe_for(device).kernels, "inductor": opts.recipe_for(device).inductor_options()}},
     }
     if onnx_entries:
         manifest["onnx"] = [{k: e[k] for k in ("bucket", "file", "sha256")} for e in onnx_entries]
@@ -268,6 +268,7 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
         raise ExportError(f"--dtype {opts.dtype!r}: choose one of {sorted(DTYPES)}")
     if opts.batch < 1:
         raise ExportError(f"--batch {opts.batch}: must be >= 1")
+    resolve(opts.recipe, "cpu")  # "fast", "reference" or a Recipe: anything else is refused here
     if opts.compile_workers is not None and opts.compile_workers < 1:
         raise ExportError(f"--compile-workers {opts.compile_workers}: must be >= 1")
     device = resolve_device(opts.device, opts.target)
@@ -306,14 +307,14 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
 
 def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_buckets, out: Path, log,
            reused: dict | None = None) -> dict:
-    recipe = opts.recipe(device)
+    recipe = opts.recipe_for(device)
     deployed = model.deployed(recipe, device, DTYPES[opts.compute_dtype(device)])
     frame = frame_of(opts)
     g = torch.Generator().manual_seed(opts.seed)
     weights = package_constants(PackedForward(deployed, buckets[0], frame))
     times: dict = {"export_s": {}, "compile_s": {}}
     t_all = time.perf_counter()
-    inductor_configs = dict(recipe.inductor)
+    inductor_configs = recipe.inductor_options()
     if reused is not None:  # the same build (reusable_packages): these settings are the packages' own
         entries = _copy_packages(Path(opts.reuse_packages), reused, out, log)
     else:

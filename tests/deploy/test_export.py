@@ -390,7 +390,7 @@ def test_frame_packages_take_raw_frames(exported_frames):
     torch.testing.assert_close(runners[8](frames, pts), want, atol=1e-4, rtol=1e-4)
     # the Predictor over the packages equals the Predictor's own frame path (same preprocessing)
     packaged = Predictor.from_packages(out / "manifest.json", device="cpu")
-    eager = Predictor(with_buckets(exported_frames.model, (8,)), device="cpu", fast=False, color="bgr")
+    eager = Predictor(with_buckets(exported_frames.model, (8,)), device="cpu", recipe="reference", color="bgr")
     frame = frames[0].numpy()
     pts11 = pts[0, :5].numpy()
     torch.testing.assert_close(packaged.predict(frame, pts11), eager.predict(frame, pts11), atol=1e-4, rtol=1e-4)

@@ -118,7 +118,7 @@ def test_predictor_over_focal_packages_equals_the_eager_predictor(frames_export)
 
     manifest = str(frames_export.out / "manifest.json")
     packaged = Predictor.from_packages(manifest, device="cpu")
-    eager = Predictor(with_buckets(frames_export.model, (8,)), device="cpu", fast=False, color="bgr")
+    eager = Predictor(with_buckets(frames_export.model, (8,)), device="cpu", recipe="reference", color="bgr")
     assert packaged.uses_focal and eager.uses_focal
     rng = np.random.default_rng(0)
     frame = rng.integers(0, 256, (*FRAME, 3), dtype=np.uint8)

@@ -14,6 +14,7 @@ from depthpack.core.fast import Recipe
 from depthpack.core.preprocess import frames_to_images, read_rgb, scale_points, to_model_input
 
 MODEL = randomize_(create_model("tiny"), 1).eval()
+CPU_COMPILE = Recipe(compile=True, backend="aot_eager")  # the static path on a CPU without Inductor's minutes
 
 
 def _frame(h=48, w=80, seed=0):
@@ -67,8 +68,8 @@ def test_truncated_images_are_refused(tmp_path):
 # ---- the Predictor -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["eager", "compile"])
 @pytest.mark.parametrize("color", ["bgr", "rgb"])
-def test_frame_path_equals_float_path(backend, color, aot_eager):
-    pred = Predictor(MODEL, device="cpu", fast=Recipe(compile=True) if backend == "compile" else False, color=color)
+def test_frame_path_equals_float_path(backend, color):
+    pred = Predictor(MODEL, device="cpu", recipe=CPU_COMPILE if backend == "compile" else "reference", color=color)
     frame, pts = _frame(seed=3), _points(70, seed=3)  # 70 points: two chunks
     got = pred.predict(frame, pts)
     torch.testing.assert_close(got, _reference(frame, pts, color), rtol=1e-5, atol=1e-5)
@@ -85,7 +86,7 @@ def test_frame_path_equals_float_path(backend, color, aot_eager):
 
 
 def test_out_is_written_in_place():
-    pred = Predictor(MODEL, device="cpu", fast=Recipe(compile=True), color="bgr")
+    pred = Predictor(MODEL, device="cpu", recipe=CPU_COMPILE, color="bgr")
     frame, pts = _frame(), _points(9)
     out = torch.full((1, 9), float("nan"))
     assert pred.predict(frame, pts, out=out) is out
@@ -112,7 +113,7 @@ def test_bad_frames_are_one_clear_error(edit, message):
 
 
 def test_frame_batch_points_and_color_errors():
-    pred = Predictor(MODEL, device="cpu", fast=Recipe(compile=True), color="bgr")
+    pred = Predictor(MODEL, device="cpu", recipe=CPU_COMPILE, color="bgr")
     with pytest.raises(ValueError, match="share a size.*48x80.*60x80"):
         pred.predict([_frame(), _frame(60, 80)], np.stack([_points(3)] * 2))
     with pytest.raises(ValueError, match="outside the 80x48"):
@@ -149,7 +150,7 @@ def _gpu_counts() -> dict:
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["graph", "fast"])
 def test_gpu_frames_in_the_graph_equal_the_float_path_no_sync_no_allocation(backend):
-    pred = Predictor(MODEL, device="cuda", dtype=torch.float32, fast=Recipe(graph=True) if backend == "graph" else True,
+    pred = Predictor(MODEL, device="cuda", dtype=torch.float32, recipe=Recipe(graph=True) if backend == "graph" else "fast",
                      color="bgr", batch_size=1)
     frame, pts = _frame(seed=5), _points(70, seed=5)
     pred.warmup(buckets=(8, 64), frame_size=frame.shape[:2])  # 70 points: a chunk of 64, one of 6

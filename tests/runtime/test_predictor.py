@@ -9,9 +9,10 @@ import torch
 from conftest import randomize_, with_buckets
 from depthpack import create_model
 from depthpack.core.fast import REFERENCE, Recipe, fast_recipe
-from depthpack.runtime.predictor import Predictor, compile_counter
+from depthpack.runtime.engines import compile_counter
+from depthpack.runtime.predictor import Predictor
 
-COMPILED = Recipe(compile=True, selection="count", gelu_epilogue=True)  # the CPU's static path (aot_eager)
+COMPILED = Recipe(compile=True, selection="count", gelu_epilogue=True, backend="aot_eager")  # the CPU's static path
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -54,12 +55,12 @@ def test_padding_results_are_dropped_and_do_not_change_answers():
     torch.testing.assert_close(out, m.forward_packed(images, padded, 8)[:, :3])
 
 
-def test_compile_soak_no_recompile_batch_groups(aot_eager):
+def test_compile_soak_no_recompile_batch_groups():
     """The compiled static path (aot_eager here for CPU speed; Inductor on the GPU test): warm two buckets,
     then random Q within them and batch sizes 1..3 against a warmed batch of 2: no recompilation,
     same answers as the eager model."""
     m = _model(buckets=(8, 16))
-    pred = Predictor(m, device="cpu", fast=COMPILED, batch_size=2)
+    pred = Predictor(m, device="cpu", recipe=COMPILED, batch_size=2)
     pred.warmup()
     assert set(pred.warmup_seconds) == {8, 16}
     before = compile_counter()
@@ -72,27 +73,27 @@ def test_compile_soak_no_recompile_batch_groups(aot_eager):
     assert compile_counter() == before, "recompiled after warmup"
 
 
-def test_default_is_the_fast_recipe_and_false_is_the_reference():
-    """On a CPU the fast recipe is the reference (eager, float32); fast=False is the reference anywhere; the
-    recipe on CUDA depends on the batch size: the hybrid blocks at batch 1 only."""
+def test_default_is_the_fast_recipe_and_reference_is_the_plain_model():
+    """On a CPU the fast recipe is the reference (eager, float32); "reference" is the reference anywhere; the
+    recipe on CUDA depends on the batch size: the hybrid blocks at batch 1 only. Decided at construction."""
     m = _model()
     assert Predictor(m, device="cpu").predict(*_inputs(1, 5)).shape == (1, 5)
-    assert Predictor(m, device="cpu").recipe is None  # chosen at the first call, from its batch size
+    assert Predictor(m, device="cpu").recipe == REFERENCE  # decided at construction
     pred = Predictor(m, device="cpu", batch_size=3)
     assert pred.recipe == REFERENCE and pred.dtype == torch.float32
-    assert Predictor(m, device="cpu", fast=False).recipe == REFERENCE
+    assert Predictor(m, device="cpu", recipe="reference").recipe == REFERENCE
     assert fast_recipe("cuda", 1).blocks == "hybrid" and fast_recipe("cuda", 8).blocks == "timm"
     assert fast_recipe("cuda", 1).compile and fast_recipe("cuda", 1).graph and fast_recipe("cpu", 1) == REFERENCE
-    with pytest.raises(ValueError, match="fast must be"):
-        Predictor(m, device="cpu", fast="yes")
+    with pytest.raises(ValueError, match="recipe must be one of fast, reference"):
+        Predictor(m, device="cpu", recipe="yes")
 
 
 @pytest.mark.parametrize("recipe", [REFERENCE, COMPILED], ids=["eager", "compiled"])
-def test_threads_get_their_own_answers(recipe, aot_eager):
+def test_threads_get_their_own_answers(recipe):
     """Four threads share one Predictor, each with its own inputs and sizes of Q: every answer equals the
     same call made alone (the lock serves one call at a time; the staging buffers and graphs are shared)."""
     m = _model(buckets=(8, 16))
-    pred = Predictor(m, device="cpu", fast=recipe, batch_size=1)
+    pred = Predictor(m, device="cpu", recipe=recipe, batch_size=1)
     g = torch.Generator().manual_seed(11)
     work = [_inputs(1, int(q), gen=g) for q in torch.randint(1, 30, (40,), generator=g)]
     want = [m(im, pts) for im, pts in work]
@@ -147,7 +148,7 @@ def test_dtype_by_name_and_bad_construction_arguments_are_one_clear_error(tmp_pa
         Predictor(m, device="cpu", cache_dir=tmp_path / "afile")
 
 
-def test_validation_errors(aot_eager):
+def test_validation_errors():
     m = _model()
     pred = Predictor(m, device="cpu")
     images, points = _inputs(1, 4)
@@ -158,10 +159,10 @@ def test_validation_errors(aot_eager):
     with pytest.raises(ValueError, match="batch mismatch"):
         pred.predict(images, torch.cat([points, points]))
     with pytest.raises(ValueError, match="CUDA"):
-        Predictor(m, device="cpu", fast=Recipe(graph=True))
+        Predictor(m, device="cpu", recipe=Recipe(graph=True))
     with pytest.raises(ValueError, match="from_packages"):
         Predictor(None, device="cpu")
-    comp = Predictor(m, device="cpu", fast=COMPILED)
+    comp = Predictor(m, device="cpu", recipe=COMPILED)
     with pytest.raises(ValueError, match="run 64x64"):
         comp.predict(torch.rand(1, 3, 32, 32), points / 2)
     # validate=False skips the value check (caller's promise), still returns the right shape
@@ -174,13 +175,13 @@ def test_validation_errors(aot_eager):
 def _gpu_pred(fast, dtype=torch.float32, preset="tiny", batch=2, **kw):
     m = randomize_(create_model(preset, buckets=(16, 64)), 0).eval()  # two buckets: half the compiles
     ref = copy.deepcopy(m).to("cuda")
-    return Predictor(m, device="cuda", dtype=dtype, fast=fast, batch_size=batch, **kw), ref
+    return Predictor(m, device="cuda", dtype=dtype, recipe=fast, batch_size=batch, **kw), ref
 
 
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("fast,batch", [(Recipe(graph=True), 2), (Recipe(compile=True, graph=True), 2),
-                                        (Recipe(compile=True), 2), (True, 2), (True, 1)],
+                                        (Recipe(compile=True), 2), ("fast", 2), ("fast", 1)],
                          ids=["graph", "compile+graph", "compile", "fast-b2", "fast-b1-hybrid"])
 def test_gpu_recipes_match_eager_no_sync_no_recapture(fast, batch):
     pred, ref = _gpu_pred(fast, batch=batch, dtype=torch.float32)
@@ -244,7 +245,7 @@ def _export_tiny(tmp_path, device):
 
     model, preset = load_for_export(preset="tiny", seed=0)
     # float32 reference packages: the comparisons below hold an eager float32 model to them
-    export(model, ExportOptions(out=str(tmp_path), buckets=(8, 16), device=device, fast=False), preset,
+    export(model, ExportOptions(out=str(tmp_path), buckets=(8, 16), device=device, recipe="reference"), preset,
            log=lambda m: None)
     return model, tmp_path / "manifest.json"
 
@@ -258,7 +259,7 @@ def _check_aoti(model, manifest, device):
     ref = load_file(str(manifest.parent / "reference.safetensors"))  # Q spans more than one chunk
     torch.testing.assert_close(pred.predict(ref["images"].to(device), ref["points"]).cpu(), ref["depth"],
                                rtol=1e-4, atol=1e-4)
-    eager = Predictor(with_buckets(model, (8, 16)), device=device, fast=False)  # the exported ladder
+    eager = Predictor(with_buckets(model, (8, 16)), device=device, recipe="reference")  # the exported ladder
     g = torch.Generator().manual_seed(7)
     for Q in (1, 5, 8, 9, 16, 40):
         images, points = _inputs(2, Q, gen=g, device=device)  # batch 2 against packages of batch 1

@@ -9,22 +9,18 @@ from conftest import randomize_
 from depthpack import create_model
 from depthpack.core.preprocess import frames_to_images, scale_focal, scale_points
 from depthpack.core.fast import Recipe
-from depthpack.runtime.predictor import Predictor, compile_counter
+from depthpack.runtime.engines import compile_counter
+from depthpack.runtime.predictor import Predictor
 
 FOCAL = dict(canonical_focal=48.0, focal_default=40.0)
 MODEL = randomize_(create_model("tiny", buckets=(8, 16), **FOCAL), 3).eval()
 PLAIN = randomize_(create_model("tiny", buckets=(8, 16)), 3).eval()
 BACKENDS = ["eager", "compile"]  # compile: a static function of staged inputs (aot_eager on the CPU)
-RECIPES = {"eager": False, "compile": Recipe(compile=True)}
-
-
-@pytest.fixture(autouse=True)
-def _cpu_compile(aot_eager):
-    """Every compiled predictor here runs under aot_eager (the conftest fixture)."""
+RECIPES = {"eager": "reference", "compile": Recipe(compile=True, backend="aot_eager")}
 
 
 def _predictor(model, backend, **kw):
-    return Predictor(model, device="cpu", fast=RECIPES[backend], **kw)
+    return Predictor(model, device="cpu", recipe=RECIPES[backend], **kw)
 
 
 def _inputs(B, Q, g):
@@ -117,7 +113,7 @@ def test_gpu_focal_in_the_captured_graph(backend):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = randomize_(create_model("tiny", buckets=(8, 16), **FOCAL), 3).eval().cuda()
-    pred = Predictor(model, device="cuda", dtype=torch.float32, fast=Recipe(graph=True) if backend == "graph" else True,
+    pred = Predictor(model, device="cuda", dtype=torch.float32, recipe=Recipe(graph=True) if backend == "graph" else "fast",
                      batch_size=2, color="bgr")
     g = torch.Generator().manual_seed(7)
     h, w = 48, 80

@@ -249,7 +249,7 @@ def _rss_bytes() -> int:
 
 
 @pytest.mark.slow
-def test_soak_10000_calls_equal_eager_no_recompile_flat_memory(aot_eager):
+def test_soak_10000_calls_equal_eager_no_recompile_flat_memory():
     """10,000 calls of random query counts across the buckets and chunks beyond them, through the
     compiled Predictor (aot_eager on the CPU: Inductor there costs ~50 s a bucket; the Inductor and
     CUDA-graph version runs on the H200 in tests/test_predictor.py): every answer equals the eager
@@ -257,11 +257,12 @@ def test_soak_10000_calls_equal_eager_no_recompile_flat_memory(aot_eager):
     from conftest import randomize_
     from depthpack import create_model
     from depthpack.core.fast import Recipe
-    from depthpack.runtime.predictor import Predictor, compile_counter
+    from depthpack.runtime.engines import compile_counter
+from depthpack.runtime.predictor import Predictor
 
     torch.set_num_threads(1)
     model = randomize_(create_model("tiny")).eval()
-    pred = Predictor(model, device="cpu", fast=Recipe(compile=True), batch_size=1)
+    pred = Predictor(model, device="cpu", recipe=Recipe(compile=True, backend="aot_eager"), batch_size=1)
     pred.warmup()
     g = torch.Generator().manual_seed(3)
     sets = []

@@ -1,0 +1,134 @@
+"""The two engines under the Predictor, each a function of (inputs, points, bucket[, focal]):
+
+    ModelEngine(model, recipe, device, dtype)   the model's packed forward as the recipe runs it (a deployed
+                                                copy, compiled when the recipe compiles)
+    PackageEngine(manifest, device)             an export folder's AOTInductor packages
+
+Both say what they take (patch size, image size, buckets, batch size, frames or images, focal, map)
+and build, per input kind and size, the function the Predictor stages inputs for and replays:
+fn(inputs, points, k[, focal]) -> depth [B,k], or (depth, map [B,rows,cols]) with the glance's map.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..core.fast import Recipe
+from ..core.files import atomic_write_bytes, check_writable_dir
+from ..core.preprocess import frames_to_images, scale_focal, scale_points
+
+CACHE_FILE = "depthpack_compile_cache.bin"  # torch.compiler.save_cache_artifacts, inside cache_dir
+_LOADED: set[str] = set()  # cache blobs already loaded in this process
+
+
+def compile_counter() -> int:
+    """Number of graphs Dynamo has compiled in this process (recompilations included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"].get("unique_graphs", 0))
+
+
+def configure_compile_cache(cache_dir: str | os.PathLike) -> Path:
+    """Point Inductor's and Triton's on-disk caches into cache_dir and load the saved artifacts
+    (torch.compiler.load_cache_artifacts) so a second process warms every bucket from disk."""
+    cache_dir = check_writable_dir(cache_dir, "cache_dir")  # a file in the way: one ValueError naming it
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((cache_dir / "inductor").resolve())
+    os.environ["TRITON_CACHE_DIR"] = str((cache_dir / "triton").resolve())
+    blob = cache_dir / CACHE_FILE
+    if blob.is_file() and str(blob) not in _LOADED:
+        torch.compiler.load_cache_artifacts(blob.read_bytes())
+        _LOADED.add(str(blob))
+    return cache_dir
+
+
+def save_compile_cache(cache_dir: str | os.PathLike) -> None:
+    """Write torch.compiler.save_cache_artifacts() into cache_dir atomically."""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is not None:
+        atomic_write_bytes(Path(cache_dir) / CACHE_FILE, saved[0])
+
+
+def from_frames(core: Callable, size: tuple[int, int], model_size: tuple[int, int], color: str) -> Callable:
+    """core over images at the model's size, fed uint8 frames of size (h, w): resized inside, the points and
+    the focal scaled to the model's pixels (depthpack.core.preprocess, the same in every runner)."""
+    def fn(frames, points, k, *focal):
+        return core(frames_to_images(frames, model_size, color), scale_points(points, size, model_size), k,
+                    *(scale_focal(f, size, model_size) for f in focal))
+    return fn
+
+
+class ModelEngine:
+    """A DepthPack model's packed forward run by a recipe (core.fast): its deployed copy on device in dtype."""
+
+    def __init__(self, model, recipe: Recipe, device: torch.device, dtype: torch.dtype):
+        if recipe.graph and device.type != "cuda":
+            raise ValueError(f"a recipe with CUDA graphs needs a CUDA device, got {device}")
+        self.recipe, self.dtype = recipe, dtype
+        self.model = model.deployed(recipe, device, dtype)
+        cfg = model.cfg
+        self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
+        self.uses_focal, self.has_map, self.frame = cfg.uses_focal, cfg.glance_depth, None
+        self.static = recipe.compile or recipe.graph  # a fixed batch and input size
+
+    def core(self, with_map: bool = False) -> Callable:
+        check_map(with_map, self.has_map, "the model has no glance depth (model.glance_depth)")
+        return self.model.forward_packed_map if with_map else self.model.forward_packed
+
+    def function(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool = False) -> Callable:
+        fn = self.core(with_map)
+        if kind == "frames":
+            fn = from_frames(fn, size, self.image_size, color)
+        if not self.recipe.compile:
+            return fn
+        if self.recipe.backend != "inductor":
+            return torch.compile(fn, dynamic=False, fullgraph=True, backend=self.recipe.backend)
+        return torch.compile(fn, dynamic=False, fullgraph=True, options=self.recipe.inductor_options())
+
+    def describe(self) -> dict:
+        return {"source": "model", "recipe": self.recipe.describe()}
+
+
+class PackageEngine:
+    """An export folder's packages (DIR/manifest.json), loaded and checked now: their own batch size,
+    dtype, recipe and input kind; replayed from CUDA graphs on a GPU."""
+
+    def __init__(self, manifest: str | os.PathLike, device: torch.device):
+        from .aoti import load_runners
+
+        self.manifest, self.runners = load_runners(str(manifest), device)
+        m = self.manifest
+        self.dtype = getattr(torch, m["dtype"])
+        self.patch_size, self.image_size = int(m["patch_size"]), tuple(int(s) for s in m["image_size"])
+        self.buckets = tuple(sorted(int(k) for k in self.runners))
+        self.batch_size = int(m["batch_size"])
+        self.frame = (tuple(m["frame"]["size"]), m["frame"]["color"]) if m.get("frame") else None
+        self.uses_focal = m.get("focal") is not None  # the packages' third input
+        self.has_map = len(m["buckets"][0]["outputs"]) > 1  # manifests before the map have one output
+        self.recipe = Recipe(graph=device.type == "cuda")
+        self.static = True
+
+    def core(self, with_map: bool = False) -> Callable:
+        check_map(with_map, self.has_map, "these packages have no map (exported before the glance depth, or "
+                                          "from a model without one)")
+        runners, has_map = self.runners, self.has_map
+
+        def run(inputs, points, k, *focal):
+            out = runners[k](inputs, points, *focal)
+            return out if with_map or not has_map else out[0]
+        return run
+
+    def function(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool = False) -> Callable:
+        if kind == "frames" and self.frame is None:  # image packages: frames resized here, as the C++ runner does
+            return from_frames(self.core(with_map), size, self.image_size, color)
+        return self.core(with_map)
+
+    def describe(self) -> dict:
+        return {"source": "packages", "recipe": self.recipe.describe()}
+
+
+def check_map(with_map: bool, has_map: bool, why: str) -> None:
+    if with_map and not has_map:
+        raise ValueError(f"return_map: {why}")
