@@ -139,6 +139,12 @@ class TrainConfig:
             return self.model
         return model_config(self.preset, **self.model)
 
+    @property
+    def data_path(self) -> str:
+        """Where the batches come from: "fresh" (data.fresh: scenes rendered new every step, on the device),
+        "device" (data.device_cache: the scene store in one tensor on the device) or "host" (a DataLoader)."""
+        return "fresh" if self.data.fresh else "device" if self.data.device_cache else "host"
+
     def query_choices(self) -> Sequence[int]:
         """The Q values a step may draw: cfg.queries, or every Q in [q_min, q_max] as a range (never a
         list: the bounds may be large). draw_q picks a bucket uniformly, then Q inside its range, so

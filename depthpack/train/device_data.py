@@ -1,10 +1,9 @@
 """The training data paths on the device: a scene store in one uint8 tensor (data.device_cache), or
 scenes rendered new every step (data.fresh); batches made there.
 
-    data = DeviceScenes(store, device, cfg, mcfg, rank)    # store: depthpack.data.store.SceneStore
-    for step, q, idx in device_stream(data.n, cfg, world, rank, start_step, buckets, device):
-        b = data.batch(idx, q, bucket_for(q, buckets), step)   # a depthpack.train.batches.Batch
-    for b in FreshScenes(cfg, mcfg, device, world, rank).batches(start_step):   # data.fresh
+    for b in DeviceScenes(store, device, cfg, mcfg, rank, world).batches(start_step):   # data.device_cache
+        ...                                                 # b: a depthpack.train.batches.Batch
+    for b in FreshScenes(cfg, mcfg, device, world, rank).batches(start_step):           # data.fresh
         ...
 
 Why: rendering or loading samples on the host, collating them and copying them over made training
@@ -84,11 +83,12 @@ def sample_points(valid: torch.Tensor, images: torch.Tensor, q: int, edge_frac: 
 class DeviceScenes:
     """A scene store resident on the training device, and the batches made from it."""
 
-    def __init__(self, store: SceneStore, device: torch.device, cfg: TrainConfig, mcfg: ModelConfig, rank: int = 0):
+    def __init__(self, store: SceneStore, device: torch.device, cfg: TrainConfig, mcfg: ModelConfig, rank: int = 0,
+                 world: int = 1):
         if tuple(mcfg.img_size) != (store.layout.height, store.layout.width):
             raise ValueError(f"scene store {store.path} holds {store.layout.height}x{store.layout.width} scenes, "
                              f"the model takes {mcfg.img_size}")
-        self.store, self.device, self.cfg, self.mcfg, self.rank = store, device, cfg, mcfg, rank
+        self.store, self.device, self.cfg, self.mcfg, self.rank, self.world = store, device, cfg, mcfg, rank, world
         self.rows = load_rows(store, device)  # [n, row_bytes] uint8: the one tensor
         self.n = store.n
         self.gen = torch.Generator(device=device)
@@ -98,6 +98,12 @@ class DeviceScenes:
         rows = self.rows.index_select(0, idx)  # [B, row_bytes]: one gather
         img8, d16, focal = decode_rows(rows, self.store.layout)
         return make_batch(img8, d16.float(), focal.float(), q, bucket, step, self.cfg, self.mcfg, self.rank, self.gen)
+
+    def batches(self, start_step: int) -> Iterator[Batch]:
+        """The batches of steps start_step+1 .. cfg.steps, in the host path's order (device_stream)."""
+        buckets = self.mcfg.buckets
+        for step, q, idx in device_stream(self.n, self.cfg, self.world, self.rank, start_step, buckets, self.device):
+            yield self.batch(idx, q, draw_bucket(self.cfg, buckets, q, step), step)
 
 
 def make_batch(img8: torch.Tensor, depth: torch.Tensor, focal: torch.Tensor, q: int, bucket: int, step: int,

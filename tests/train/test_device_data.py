@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -213,17 +214,19 @@ def test_graph_step_refuses_where_it_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="needs a CUDA device, not cpu"):
         train(tiny_cfg(tmp_path, f"data.cache_dir={tmp_path / 'cache'}", *DEV, "device=cpu", "graph=true"))
     cuda = torch.device("cuda", 0)  # the checks read the device's type only: no GPU needed
+    graph = tiny_cfg(tmp_path, f"data.cache_dir={tmp_path / 'cache'}", *DEV, "graph=true")
     with pytest.raises(ValueError, match="needs data.device_cache=true"):
-        check_graph_config(True, cuda, device_data=False, world=1)
+        check_graph_config(tiny_cfg(tmp_path, "graph=true"), device=cuda, world=1)
     with pytest.raises(ValueError, match="runs one process; this run has 2"):
-        check_graph_config(True, cuda, device_data=True, world=2)
+        check_graph_config(graph, device=cuda, world=2)
     with pytest.raises(ValueError, match="graph=true and compile=true together are not supported"):
-        check_graph_config(True, cuda, device_data=True, world=1, compiled=True)
-    check_graph_config(False, torch.device("cpu"), device_data=False, world=2)  # off: nothing to check
+        check_graph_config(replace(graph, compile=True), device=cuda, world=1)
+    check_graph_config(graph, device=cuda, world=1)  # where it can run
+    check_graph_config(tiny_cfg(tmp_path), device=torch.device("cpu"), world=2)  # off: nothing to check
 
 
 def test_checkpoints_hold_learning_rates_as_floats_whatever_the_optimizer_holds():
-    from depthpack.train.step import plain_lr_state
+    from depthpack.train.run_folder import plain_lr_state
 
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.AdamW([{"params": [p], "lr": torch.tensor(0.01)}], foreach=False)

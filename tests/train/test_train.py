@@ -89,7 +89,9 @@ def host_batch(ds, q: int, n: int, **kw):
 
 def test_a_few_steps_reduce_the_loss_on_a_fixed_batch():
     from depthpack.data import make_dataset
-    from depthpack.train.loop import PackedObjective, build_model, make_optimizer
+    from depthpack.train.losses import PackedObjective
+    from depthpack.train.loop import build_model
+    from depthpack.train.optim import make_optimizer
 
     cfg = load_train_config(TINY, ["lr=2e-3", "warmup_steps=0"])
     mc = cfg.model_config()
@@ -351,8 +353,8 @@ def test_extra_points_lie_in_their_query_patch_and_cost_no_token():
     """Extra supervision points: inside the patch of their parent query, and decoded from the tokens
     the queries selected: the loss equals the packed forward over queries + extras together."""
     from depthpack.data import make_dataset
-    from depthpack.train.losses import SiLogLoss
-    from depthpack.train.loop import PackedObjective, build_model
+    from depthpack.train.losses import PackedObjective, SiLogLoss
+    from depthpack.train.loop import build_model
 
     cfg = load_train_config(TINY)
     mc = cfg.model_config()
