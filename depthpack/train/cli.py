@@ -17,10 +17,11 @@ from .run_folder import resume_point
 EXAMPLES = """\
     python -m depthpack.train --config configs/tiny.yaml steps=5 out_dir=runs/t model.depth=1
     python -m depthpack.train --config configs/demo.yaml resume=true        # continue a stopped run
+    python -m depthpack.train --config configs/demo.yaml queries.edge_frac=0.3 queries.extra_points=8
     torchrun --nproc_per_node=2 -m depthpack.train --config configs/vits_nyu.yaml data.root=/data/nyu
 
-The YAML holds what differs from TrainConfig's defaults; key=value overrides (model.*, data.*) go on
-top; the merged config is written to OUT_DIR/config.yaml. A refusal is one line on stderr and exit
+The YAML holds what differs from TrainConfig's defaults; key=value overrides (model.*, data.*, queries.*)
+go on top; the merged config is written to OUT_DIR/config.yaml. A refusal is one line on stderr and exit
 code 1; Ctrl-C is one line and exit code 130, the last complete checkpoint and the log kept.
 """
 
@@ -29,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = cli.Parser(prog="python -m depthpack.train", description="Train depthpack (train/train.py is the same).",
                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, name="train")
     ap.add_argument("--config", default=None, help="YAML with the fields that differ from the defaults")
-    ap.add_argument("overrides", nargs="*", help="key=value (dotted keys for model.* and data.*)")
+    ap.add_argument("overrides", nargs="*", help="key=value (dotted keys for model.*, data.* and queries.*)")
     return ap.parse_args(argv)
 
 

@@ -11,7 +11,8 @@ data-bound. Here a batch is a handful of kernels with no host work and no host s
 batch's rows (image uint8, depth float16, focal float32 in one row, depthpack.data.store), the
 left-right mirror as a select, and the query points drawn by Gumbel top-k (sampling without
 replacement, weights uniform over the valid pixels or, for the edge share, the Sobel magnitude of
-the image as depthpack.data.sample_queries weighs them, or the depth-edge band with edge_source=depth). The points are padded to the bucket
+the image as depthpack.data.sample_queries weighs them, or the depth-edge band with
+queries.edge_source=depth). The points are padded to the bucket
 (copies of the first point, marked invalid, so the selection and the loss are those of the Q real
 points), so the shapes of a step depend on its bucket alone: one compiled graph per bucket.
 
@@ -120,20 +121,20 @@ def make_batch(img8: torch.Tensor, depth: torch.Tensor, focal: torch.Tensor, q: 
     images = img8.float() / 255.0  # as depthpack.core.preprocess.frames_to_images
     valid_map = (depth >= mcfg.min_depth) & (depth <= mcfg.max_depth)  # 0 (no hit) is invalid
     depth = torch.where(valid_map, depth, torch.zeros((), device=dev))
-    band = edge_band(depth, valid_map, mcfg.patch_size) if cfg.edge_source == "depth" else None
-    pts = sample_points(valid_map, images, q, cfg.edge_frac, g, band)  # [B,q,2]
+    band = edge_band(depth, valid_map, mcfg.patch_size) if cfg.queries.edge_source == "depth" else None
+    pts = sample_points(valid_map, images, q, cfg.queries.edge_frac, g, band)  # [B,q,2]
     points = torch.cat([pts, pts[:, :1].expand(B, bucket - q, 2)], dim=1)  # [B,K,2]
     real = torch.arange(bucket, device=dev) < q  # [K]
     target, valid = at_points(points, depth, valid_map)
     valid = valid & real
     extra = None
-    if cfg.extra_points:
-        n, p = cfg.extra_points * bucket, mcfg.patch_size
+    if cfg.queries.extra_points:
+        n, p = cfg.queries.extra_points * bucket, mcfg.patch_size
         parent = torch.randint(q, (B, n), generator=g, device=dev)  # among the real queries only
         corner = torch.div(torch.gather(points, 1, parent.unsqueeze(-1).expand(B, n, 2)), p, rounding_mode="floor") * p
         xp = corner + torch.randint(p, (B, n, 2), generator=g, device=dev).float()
         xt, xv = at_points(xp, depth, valid_map)
-        extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.extra_points * q))
+        extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.queries.extra_points * q))
     return Batch(images, points, target, valid, extra, focal, bucket, q, step, glance_targets(depth, valid_map, glance_size(cfg)))
 
 
