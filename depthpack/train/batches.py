@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data.queries import edge_band, sample_queries
-from .config import TrainConfig, draw_bucket, draw_q, glance_size
+from .config import QueryConfig, TrainConfig, draw_bucket, draw_q, glance_size
 
 
 @dataclass
@@ -75,17 +75,16 @@ def batch_order(n: int, cfg: TrainConfig, world: int, rank: int, start_step: int
 
 
 class WithQueries(torch.utils.data.Dataset):
-    """ds[(index, step, slot, q)] -> the sample plus points [q,2] drawn among its valid pixels.
+    """ds[(index, step, slot, q)] -> the sample plus points [q,2] drawn among its valid pixels as queries says.
 
     The query sampling runs where the sample is made (in the DataLoader workers when there are any),
     with a generator seeded by (seed, step, rank, slot in the batch): the same points whatever the
     number of workers, and again on a resumed run.
     """
 
-    def __init__(self, base, seed: int, rank: int, edge_frac: float, hflip: bool = False, extra_points: int = 0,
-                 patch_size: int = 1, edge_source: str = "image"):
-        self.base, self.seed, self.rank, self.edge_frac, self.hflip = base, seed, rank, edge_frac, hflip
-        self.extra_points, self.patch_size, self.edge_source = extra_points, patch_size, edge_source
+    def __init__(self, base, seed: int, rank: int, queries: QueryConfig, hflip: bool = False, patch_size: int = 1):
+        self.base, self.seed, self.rank, self.queries, self.hflip = base, seed, rank, queries, hflip
+        self.patch_size = patch_size
 
     def __len__(self) -> int:
         return len(self.base)
@@ -96,10 +95,11 @@ class WithQueries(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(((self.seed * 7919 + step) * 131 + self.rank) * 1031 + slot)
         if self.hflip and bool(torch.rand((), generator=g) < 0.5):
             sample = hflip_sample(sample)
-        band = edge_band(sample["depth"], sample["valid"], self.patch_size) if self.edge_source == "depth" else None
-        sample["points"] = sample_queries(sample["valid"], sample["image"], q, g, self.edge_frac, band).float()
-        if self.extra_points:  # pixels inside the patches of the queries (any pixel: invalid ones are masked)
-            n, p = q * self.extra_points, self.patch_size
+        qc = self.queries
+        band = edge_band(sample["depth"], sample["valid"], self.patch_size) if qc.edge_source == "depth" else None
+        sample["points"] = sample_queries(sample["valid"], sample["image"], q, g, qc.edge_frac, band).float()
+        if qc.extra_points:  # pixels inside the patches of the queries (any pixel: invalid ones are masked)
+            n, p = q * qc.extra_points, self.patch_size
             parent = torch.randint(q, (n,), generator=g)
             corner = torch.div(sample["points"][parent], p, rounding_mode="floor") * p
             sample["extra_points"] = corner + torch.randint(p, (n, 2), generator=g).float()
@@ -133,8 +133,7 @@ def host_batches(dataset, cfg: TrainConfig, rank: int, world: int, start_step: i
                  device: torch.device) -> Iterator[Batch]:
     """The batches of steps start_step+1 .. cfg.steps, made by a DataLoader (one per epoch) and copied to device."""
     buckets = cfg.model_config().buckets
-    wrapped = WithQueries(dataset, cfg.seed, rank, cfg.edge_frac, cfg.hflip, cfg.extra_points,
-                          cfg.model_config().patch_size, cfg.edge_source)
+    wrapped = WithQueries(dataset, cfg.seed, rank, cfg.queries, cfg.hflip, cfg.model_config().patch_size)
     B = cfg.batch_size
     for perm, steps, offset in batch_order(len(dataset), cfg, world, rank, start_step, "the data set"):
         qs = [draw_q(cfg, buckets, s) for s in steps]

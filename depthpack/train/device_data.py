@@ -1,10 +1,9 @@
 """The training data paths on the device: a scene store in one uint8 tensor (data.device_cache), or
 scenes rendered new every step (data.fresh); batches made there.
 
-    data = DeviceScenes(store, device, cfg, mcfg, rank)    # store: depthpack.data.store.SceneStore
-    for step, q, idx in device_stream(data.n, cfg, world, rank, start_step, buckets, device):
-        b = data.batch(idx, q, bucket_for(q, buckets), step)   # a depthpack.train.batches.Batch
-    for b in FreshScenes(cfg, mcfg, device, world, rank).batches(start_step):   # data.fresh
+    for b in DeviceScenes(store, device, cfg, mcfg, rank, world).batches(start_step):   # data.device_cache
+        ...                                                 # b: a depthpack.train.batches.Batch
+    for b in FreshScenes(cfg, mcfg, device, world, rank).batches(start_step):           # data.fresh
         ...
 
 Why: rendering or loading samples on the host, collating them and copying them over made training
@@ -12,7 +11,8 @@ data-bound. Here a batch is a handful of kernels with no host work and no host s
 batch's rows (image uint8, depth float16, focal float32 in one row, depthpack.data.store), the
 left-right mirror as a select, and the query points drawn by Gumbel top-k (sampling without
 replacement, weights uniform over the valid pixels or, for the edge share, the Sobel magnitude of
-the image as depthpack.data.sample_queries weighs them, or the depth-edge band with edge_source=depth). The points are padded to the bucket
+the image as depthpack.data.sample_queries weighs them, or the depth-edge band with
+queries.edge_source=depth). The points are padded to the bucket
 (copies of the first point, marked invalid, so the selection and the loss are those of the Q real
 points), so the shapes of a step depend on its bucket alone: one compiled graph per bucket.
 
@@ -84,11 +84,12 @@ def sample_points(valid: torch.Tensor, images: torch.Tensor, q: int, edge_frac: 
 class DeviceScenes:
     """A scene store resident on the training device, and the batches made from it."""
 
-    def __init__(self, store: SceneStore, device: torch.device, cfg: TrainConfig, mcfg: ModelConfig, rank: int = 0):
+    def __init__(self, store: SceneStore, device: torch.device, cfg: TrainConfig, mcfg: ModelConfig, rank: int = 0,
+                 world: int = 1):
         if tuple(mcfg.img_size) != (store.layout.height, store.layout.width):
             raise ValueError(f"scene store {store.path} holds {store.layout.height}x{store.layout.width} scenes, "
                              f"the model takes {mcfg.img_size}")
-        self.store, self.device, self.cfg, self.mcfg, self.rank = store, device, cfg, mcfg, rank
+        self.store, self.device, self.cfg, self.mcfg, self.rank, self.world = store, device, cfg, mcfg, rank, world
         self.rows = load_rows(store, device)  # [n, row_bytes] uint8: the one tensor
         self.n = store.n
         self.gen = torch.Generator(device=device)
@@ -98,6 +99,12 @@ class DeviceScenes:
         rows = self.rows.index_select(0, idx)  # [B, row_bytes]: one gather
         img8, d16, focal = decode_rows(rows, self.store.layout)
         return make_batch(img8, d16.float(), focal.float(), q, bucket, step, self.cfg, self.mcfg, self.rank, self.gen)
+
+    def batches(self, start_step: int) -> Iterator[Batch]:
+        """The batches of steps start_step+1 .. cfg.steps, in the host path's order (device_stream)."""
+        buckets = self.mcfg.buckets
+        for step, q, idx in device_stream(self.n, self.cfg, self.world, self.rank, start_step, buckets, self.device):
+            yield self.batch(idx, q, draw_bucket(self.cfg, buckets, q, step), step)
 
 
 def make_batch(img8: torch.Tensor, depth: torch.Tensor, focal: torch.Tensor, q: int, bucket: int, step: int,
@@ -114,20 +121,20 @@ def make_batch(img8: torch.Tensor, depth: torch.Tensor, focal: torch.Tensor, q: 
     images = img8.float() / 255.0  # as depthpack.core.preprocess.frames_to_images
     valid_map = (depth >= mcfg.min_depth) & (depth <= mcfg.max_depth)  # 0 (no hit) is invalid
     depth = torch.where(valid_map, depth, torch.zeros((), device=dev))
-    band = edge_band(depth, valid_map, mcfg.patch_size) if cfg.edge_source == "depth" else None
-    pts = sample_points(valid_map, images, q, cfg.edge_frac, g, band)  # [B,q,2]
+    band = edge_band(depth, valid_map, mcfg.patch_size) if cfg.queries.edge_source == "depth" else None
+    pts = sample_points(valid_map, images, q, cfg.queries.edge_frac, g, band)  # [B,q,2]
     points = torch.cat([pts, pts[:, :1].expand(B, bucket - q, 2)], dim=1)  # [B,K,2]
     real = torch.arange(bucket, device=dev) < q  # [K]
     target, valid = at_points(points, depth, valid_map)
     valid = valid & real
     extra = None
-    if cfg.extra_points:
-        n, p = cfg.extra_points * bucket, mcfg.patch_size
+    if cfg.queries.extra_points:
+        n, p = cfg.queries.extra_points * bucket, mcfg.patch_size
         parent = torch.randint(q, (B, n), generator=g, device=dev)  # among the real queries only
         corner = torch.div(torch.gather(points, 1, parent.unsqueeze(-1).expand(B, n, 2)), p, rounding_mode="floor") * p
         xp = corner + torch.randint(p, (B, n, 2), generator=g, device=dev).float()
         xt, xv = at_points(xp, depth, valid_map)
-        extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.extra_points * q))
+        extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.queries.extra_points * q))
     return Batch(images, points, target, valid, extra, focal, bucket, q, step, glance_targets(depth, valid_map, glance_size(cfg)))
 
 

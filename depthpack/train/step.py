@@ -1,19 +1,19 @@
 """One training step (forward, backward, gradient clipping, AdamW), eager or replayed from a CUDA graph.
 
-    step = TrainStep(objective, model, opt, cfg.grad_clip, cfg.amp, device, graph=cfg.graph)
+    step = make_step(model, opt, cfg, d)          # the objective (under DDP, compiled) in a TrainStep
     loss, terms, grad_norm = step(batch)          # batch: a depthpack.train.batches.Batch
 
 Why a graph (cfg.graph): a small model's step is launch-bound; from a CUDA graph its kernels go out in
 one call. Each bucket gets one graph: its first WARMUP steps run eagerly on a side stream (they
 train), the next is captured, and every later step of that bucket copies its batch into the graph's
 input buffers and replays. Capture needs, and this arranges:
-- fixed shapes per bucket: the device data path (data.device_cache) pads every batch to its bucket;
+- fixed shapes per bucket: the device data paths (data.device_cache, data.fresh) pad every batch to its bucket;
 - AdamW fused and capturable, its learning rates device tensors that the scheduler fills between
   replays (a Python float would be frozen into the graph at capture);
 - the gradients allocated inside the graph (set to None before the capture; each replay overwrites them);
 - autocast without its weight-cast cache (a cached cast would outlive the capture).
-Checkpoints hold the learning rates as floats either way (plain_lr_state), so a run may resume with
-the graph on or off.
+Checkpoints hold the learning rates as floats either way (depthpack.train.run_folder.plain_lr_state),
+so a run may resume with the graph on or off.
 """
 from __future__ import annotations
 
@@ -25,26 +25,43 @@ import torch
 import torch.nn as nn
 
 from .batches import Batch
+from .config import TrainConfig
+from .distributed import Dist
+from .losses import PackedObjective
 
 WARMUP = 3  # eager steps per bucket before its capture (lazy initialisation stays out of the graph)
 
 StepOut = tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]  # loss, its terms (the objective's), grad norm
 
 
-def check_graph_config(graph: bool, device: torch.device, device_data: bool, world: int, compiled: bool = False) -> None:
-    """One clear error for a graph asked where it cannot run."""
-    if not graph:
+def check_graph_config(cfg: TrainConfig, *, device: torch.device, world: int) -> None:
+    """One clear error for a graph (cfg.graph) asked where it cannot run: on device, in a run of world processes."""
+    if not cfg.graph:
         return
-    if compiled:  # not measured or tested together: Inductor's code inside a hand-captured graph
+    if cfg.compile:  # not measured or tested together: Inductor's code inside a hand-captured graph
         raise ValueError("graph=true and compile=true together are not supported: choose one (graph=true alone "
                          "takes the launches out of a small model's step)")
     if device.type != "cuda":
         raise ValueError(f"graph=true captures the training step in a CUDA graph: it needs a CUDA device, not {device}")
-    if not device_data:
+    if cfg.data_path == "host":
         raise ValueError("graph=true needs data.device_cache=true or data.fresh=true: the device data paths pad every "
                          "batch to its bucket, so each bucket has one shape to capture (the host path's shapes follow Q)")
     if world > 1:
         raise ValueError(f"graph=true runs one process; this run has {world} (under torchrun set graph=false)")
+
+
+def make_step(model: nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig, d: Dist) -> TrainStep:
+    """The objective, under DDP with several processes, compiled with cfg.compile, in a TrainStep."""
+    objective = PackedObjective(model, cfg.silog_lambda, cfg.glance_loss).to(d.device)
+    runner: nn.Module = objective
+    if d.world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        runner = DDP(runner, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    if cfg.compile:  # forward + backward compiled (AOTAutograd); one graph per shape, so per bucket on the device path
+        import torch._dynamo as dynamo
+        dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 4 * len(cfg.model_config().buckets))
+        runner = torch.compile(runner, dynamic=False)
+    return TrainStep(runner, model, opt, cfg.grad_clip, cfg.amp, d.device, graph=cfg.graph)
 
 
 def make_capturable(opt: torch.optim.Optimizer, device: torch.device) -> None:
@@ -54,18 +71,6 @@ def make_capturable(opt: torch.optim.Optimizer, device: torch.device) -> None:
         lr = group["lr"]
         if not (isinstance(lr, torch.Tensor) and lr.device == device):
             group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
-
-
-def plain_lr_state(opt_state: dict, sched_state: dict) -> tuple[dict, dict]:
-    """The optimizer's and scheduler's state dicts with every learning rate a float (as an eager run
-    saves them), whatever the live optimizer holds; the live objects are not touched."""
-    def plain(v):
-        return float(v) if isinstance(v, torch.Tensor) else v
-
-    opt_state = {**opt_state, "param_groups": [{k: plain(v) if k in ("lr", "initial_lr") else v for k, v in g.items()}
-                                               for g in opt_state["param_groups"]]}
-    sched_state = {k: [plain(x) for x in v] if k in ("base_lrs", "_last_lr") else v for k, v in sched_state.items()}
-    return opt_state, sched_state
 
 
 def _flatten(b: Batch) -> list[torch.Tensor | None]:

@@ -132,7 +132,7 @@ def test_export_with_focal_is_a_static_graph(focal_model):
 
 
 def test_training_objective_sees_the_focal():
-    from depthpack.train.loop import PackedObjective
+    from depthpack.train.losses import PackedObjective
 
     m = randomize_(create_model("tiny", canonical_focal=FC))
     obj = PackedObjective(m, 0.5)

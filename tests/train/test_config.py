@@ -14,12 +14,13 @@ from depthpack.core.config import ModelConfig, load_yaml
 from depthpack.train.config import dump_yaml
 from depthpack.data.config import DataConfig
 from depthpack.train import load_train_config
-from depthpack.train.config import TrainConfig
+from depthpack.train.config import MOVED_QUERY_KEYS, QueryConfig, TrainConfig
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 KEYS = ([f.name for f in fields(TrainConfig)] + [f"model.{f.name}" for f in fields(ModelConfig)]
-        + [f"data.{f.name}" for f in fields(DataConfig)]
+        + [f"data.{f.name}" for f in fields(DataConfig)] + [f"queries.{f.name}" for f in fields(QueryConfig)]
+        + list(MOVED_QUERY_KEYS)
         + ["nope", "model.nope", "data.nope", "steps.x", "x..y", "", " ", "model.depth.x", "1abc"])
 YAML_VALUES = ["true", "false", "null", "~", "", "0", "1", "-1", "2", "8", "64", "1.5", "1e9", "1e-3", "1e400", "-1e-3",
                "nan", ".nan", ".inf", "-.inf", "9" * 30, "0x10", "2024", "x", "''", "[]", "[1, 2]", "[64, 64]",
@@ -70,7 +71,9 @@ def _names(item: str) -> set[str]:
 @example(["model=3"])
 @example(["steps=3", "steps.x=3"])
 @example(["model.img_size=[64]"])
+@example(["queries.max=1e30"])
 @example(["q_max=1e30"])
+@example(["queries=[8, 16]", "queries.edge_frac=0.3"])
 def test_overrides_load_typed_or_name_the_key(items):
     try:
         cfg = load_train_config(TINY, items)
@@ -86,7 +89,7 @@ def test_overrides_load_typed_or_name_the_key(items):
     mcfg = cfg.model_config()
     _check_types(mcfg)
     assert cfg.steps >= 0 and cfg.batch_size >= 1 and cfg.lr > 0 and cfg.out_dir.strip()
-    qs = cfg.query_choices()  # a list (cfg.queries) or a range, never materialized here: it may be huge
+    qs = cfg.query_choices()  # a list (queries.counts) or a range, never materialized here: it may be huge
     ends = (min(qs), max(qs)) if isinstance(qs, list) else (qs[0], qs[-1])
     assert qs and 1 <= ends[0] and ends[1] <= mcfg.buckets[-1]
     assert all(s % mcfg.patch_size == 0 for s in mcfg.img_size)
@@ -129,3 +132,26 @@ def test_resume_without_a_checkpoint_says_so(tmp_path, capsys):
     summary = train(load_train_config(TINY, [f"out_dir={out}", "steps=1", "eval_images=1", "resume=true"]))
     assert summary["resumed_from"] == 0 and summary["step"] == 1
     assert f"resume: {out} holds no checkpoint yet; starting from step 0" in capsys.readouterr().out
+
+
+def test_old_top_level_query_keys_are_one_error_that_says_what_to_write(tmp_path):
+    """The query settings were top-level keys before they became one mapping (queries): an old config or
+    override is refused with the new keys, and what the message says to write loads to the same settings."""
+    assert set(MOVED_QUERY_KEYS.values()) <= {f.name for f in fields(QueryConfig)}
+    old = tmp_path / "old.yaml"
+    old.write_text("preset: tiny\nqueries: [8, 16]\nextra_points: 15\nedge_source: depth\n")
+    for path, items, where in ((TINY, ["q_min=4", "q_max=32", "edge_frac=0.3", "random_budgets=true"], "overrides"),
+                               (old, [], f"config {old}")):
+        with pytest.raises(ValueError) as e:
+            load_train_config(path, items)
+        msg = str(e.value)
+        assert msg.startswith(f"{where}: ") and "\n" not in msg
+        assert all(k in msg for k in (*(i.split("=")[0] for i in items), *([] if items else ["queries as a list"])))
+        said = re.search(r"write (.*) \(in a YAML file: (queries: \{.*\})\)$", msg)
+        written = load_train_config(TINY, said[1].split(" "))
+        from_yaml = tmp_path / "new.yaml"
+        from_yaml.write_text(f"preset: tiny\n{said[2]}\n")
+        assert load_train_config(from_yaml).queries == written.queries
+        want = ({"min": 4, "max": 32, "edge_frac": 0.3, "random_budgets": True} if items else
+                {"counts": [8, 16], "extra_points": 15, "edge_source": "depth"})
+        assert {k: getattr(written.queries, k) for k in want} == want

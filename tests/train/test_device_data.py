@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_points_are_valid_and_edges_weigh_where_asked():
 
 def test_batches_made_on_the_device_are_the_samples_with_their_points(store, tmp_path):
     cfg_d, st = store
-    cfg = tiny_cfg(tmp_path, "hflip=true", "extra_points=2", "edge_frac=0.5", "model.img_size=[16,24]",
+    cfg = tiny_cfg(tmp_path, "hflip=true", "queries.extra_points=2", "queries.edge_frac=0.5", "model.img_size=[16,24]",
                    "batch_size=4")
     mcfg = cfg.model_config()
     data = DeviceScenes(st, torch.device("cpu"), cfg, mcfg)
@@ -137,7 +138,7 @@ def test_stream_matches_the_host_streams_order(store, tmp_path):
     assert got[2][2].tolist() == perms[2][0:4]
 
 
-DEV = ["data.device_cache=true", "data.scene=mixed", "hflip=true", "extra_points=2", "model.img_size=[16,24]",
+DEV = ["data.device_cache=true", "data.scene=mixed", "hflip=true", "queries.extra_points=2", "model.img_size=[16,24]",
        "data.num_samples=12", "data.num_val=2", "batch_size=4", "steps=6", "ckpt_every=3"]
 
 
@@ -175,7 +176,7 @@ def test_max_time_stops_with_a_checkpoint_and_says_so(tmp_path):
 def test_compiled_step_matches_eager(tmp_path):
     from depthpack.train import train
 
-    common = [f"data.cache_dir={tmp_path / 'cache'}", *DEV, "steps=2", "queries=[6]", "log_every=1"]
+    common = [f"data.cache_dir={tmp_path / 'cache'}", *DEV, "steps=2", "queries.counts=[6]", "log_every=1"]
     train(tiny_cfg(tmp_path / "eager", *common))
     comp = train(tiny_cfg(tmp_path / "comp", *common, "compile=true"))
     assert comp["throughput"]["compile"] and comp["throughput"]["first_step_s"][8] > 0
@@ -190,7 +191,8 @@ def test_device_path_on_cuda(store, tmp_path):
     from depthpack.train import train
 
     _, st = store
-    cfg = tiny_cfg(tmp_path, "hflip=true", "extra_points=2", "model.img_size=[16,24]", "batch_size=4", "device=cuda")
+    cfg = tiny_cfg(tmp_path, "hflip=true", "queries.extra_points=2", "model.img_size=[16,24]", "batch_size=4",
+                   "device=cuda")
     data = DeviceScenes(st, torch.device("cuda"), cfg, cfg.model_config())
     idx = torch.tensor([1, 2, 3, 4], device="cuda")
     b = data.batch(idx, 5, 8, step=3)
@@ -213,17 +215,19 @@ def test_graph_step_refuses_where_it_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="needs a CUDA device, not cpu"):
         train(tiny_cfg(tmp_path, f"data.cache_dir={tmp_path / 'cache'}", *DEV, "device=cpu", "graph=true"))
     cuda = torch.device("cuda", 0)  # the checks read the device's type only: no GPU needed
+    graph = tiny_cfg(tmp_path, f"data.cache_dir={tmp_path / 'cache'}", *DEV, "graph=true")
     with pytest.raises(ValueError, match="needs data.device_cache=true"):
-        check_graph_config(True, cuda, device_data=False, world=1)
+        check_graph_config(tiny_cfg(tmp_path, "graph=true"), device=cuda, world=1)
     with pytest.raises(ValueError, match="runs one process; this run has 2"):
-        check_graph_config(True, cuda, device_data=True, world=2)
+        check_graph_config(graph, device=cuda, world=2)
     with pytest.raises(ValueError, match="graph=true and compile=true together are not supported"):
-        check_graph_config(True, cuda, device_data=True, world=1, compiled=True)
-    check_graph_config(False, torch.device("cpu"), device_data=False, world=2)  # off: nothing to check
+        check_graph_config(replace(graph, compile=True), device=cuda, world=1)
+    check_graph_config(graph, device=cuda, world=1)  # where it can run
+    check_graph_config(tiny_cfg(tmp_path), device=torch.device("cpu"), world=2)  # off: nothing to check
 
 
 def test_checkpoints_hold_learning_rates_as_floats_whatever_the_optimizer_holds():
-    from depthpack.train.step import plain_lr_state
+    from depthpack.train.run_folder import plain_lr_state
 
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.AdamW([{"params": [p], "lr": torch.tensor(0.01)}], foreach=False)
@@ -248,7 +252,7 @@ def test_graph_step_equals_eager_and_resumes(tmp_path):
     the uninterrupted one does."""
     from depthpack.train import train
 
-    common = [f"data.cache_dir={tmp_path / 'cache'}", *DEV, "device=cuda", "amp=false", "steps=24", "queries=[5,12]",
+    common = [f"data.cache_dir={tmp_path / 'cache'}", *DEV, "device=cuda", "amp=false", "steps=24", "queries.counts=[5,12]",
               "ckpt_every=12", "log_every=1"]
     eager = train(tiny_cfg(tmp_path / "eager", *common))
     graph = train(tiny_cfg(tmp_path / "graph", *common, "graph=true"))

@@ -1,4 +1,4 @@
-"""Faults in training (issue 29), through the train command (depthpack.train.loop.main, what
+"""Faults in training (issue 29), through the train command (depthpack.train.cli.main, what
 train/train.py and `python -m depthpack.train` run) or depthpack.train.train: a resume that would only
 rewrite the summary, a first checkpoint that never completed, checkpoints of another model, Ctrl-C."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from depthpack.core import checkpoint as ck
 from depthpack.core.files import sha256_bytes
 from depthpack.train import load_train_config, train
-from depthpack.train.loop import main
+from depthpack.train.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -11,7 +11,8 @@ from depthpack.train import train
 from depthpack.train.device_data import FreshScenes
 from test_train import Killed, kill_at, tiny_cfg, weights
 
-FRESH = ("data.fresh=true", "steps=5", "ckpt_every=2", "hflip=true", "extra_points=2", "edge_source=depth")
+FRESH = ("data.fresh=true", "steps=5", "ckpt_every=2", "hflip=true", "queries.extra_points=2",
+         "queries.edge_source=depth")
 
 
 def test_a_tiny_run_trains_on_fresh_scenes(tmp_path):

@@ -21,7 +21,7 @@ from conftest import randomize_
 from depthpack.core import checkpoint as ck
 from depthpack.core.packing import bucket_for
 from depthpack.core.config import to_dict
-from depthpack.train.config import TrainConfig, load_train_config
+from depthpack.train.config import QueryConfig, TrainConfig, load_train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -55,7 +55,7 @@ def test_unknown_keys_are_errors(bad, name):
 
 def test_invalid_values_are_errors():
     with pytest.raises(ValueError, match="query counts"):
-        load_train_config(TINY, ["queries=[8, 1000]"])
+        load_train_config(TINY, ["queries.counts=[8, 1000]"])
     with pytest.raises(ValueError, match="kind"):
         load_train_config(TINY, ["data.kind=imagenet"])
 
@@ -67,7 +67,8 @@ def test_shipped_configs_hold_only_differences(name):
 
     raw = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
     cfg = load_train_config(ROOT / "configs" / f"{name}.yaml")
-    bases = {"model": to_dict(model_config(raw.get("preset", TrainConfig.preset))), "data": to_dict(DataConfig())}
+    bases = {"model": to_dict(model_config(raw.get("preset", TrainConfig.preset))), "data": to_dict(DataConfig()),
+             "queries": to_dict(QueryConfig())}
     default = to_dict(TrainConfig())
     for key, value in raw.items():
         for k, v in (value.items() if key in bases else [(None, value)]):
@@ -78,18 +79,20 @@ def test_shipped_configs_hold_only_differences(name):
 
 
 # ---- the objective ------------------------------------------------------------------------------
-def host_batch(ds, q: int, n: int, **kw):
+def host_batch(ds, q: int, n: int, extra_points: int = 0, **kw):
     """A Batch of the first n samples of ds with q points each, as the host data path makes it (step 1)."""
     from depthpack.train.batches import WithQueries, to_batch
 
-    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, **kw)
+    wq = WithQueries(ds, seed=0, rank=0, queries=QueryConfig(edge_frac=0.5, extra_points=extra_points), **kw)
     batch = torch.utils.data.default_collate([wq[(i, 1, i, q)] for i in range(n)])
     return to_batch(batch, 1, q, q, torch.device("cpu")), batch, wq
 
 
 def test_a_few_steps_reduce_the_loss_on_a_fixed_batch():
     from depthpack.data import make_dataset
-    from depthpack.train.loop import PackedObjective, build_model, make_optimizer
+    from depthpack.train.losses import PackedObjective
+    from depthpack.train.loop import build_model
+    from depthpack.train.optim import make_optimizer
 
     cfg = load_train_config(TINY, ["lr=2e-3", "warmup_steps=0"])
     mc = cfg.model_config()
@@ -132,7 +135,7 @@ def test_the_dense_objective_is_the_dense_paths_silog_whatever_the_bucket():
 def test_random_budgets_draw_every_bucket_that_holds_q():
     from depthpack.train.config import draw_bucket
 
-    cfg = load_train_config(TINY, ["random_budgets=true"])
+    cfg = load_train_config(TINY, ["queries.random_budgets=true"])
     buckets = cfg.model_config().buckets  # 8 16 32 64
     seen = {draw_bucket(cfg, buckets, 9, s) for s in range(200)}
     assert seen == {16, 32, 64}
@@ -351,8 +354,8 @@ def test_extra_points_lie_in_their_query_patch_and_cost_no_token():
     """Extra supervision points: inside the patch of their parent query, and decoded from the tokens
     the queries selected: the loss equals the packed forward over queries + extras together."""
     from depthpack.data import make_dataset
-    from depthpack.train.losses import SiLogLoss
-    from depthpack.train.loop import PackedObjective, build_model
+    from depthpack.train.losses import PackedObjective, SiLogLoss
+    from depthpack.train.loop import build_model
 
     cfg = load_train_config(TINY)
     mc = cfg.model_config()
@@ -387,7 +390,7 @@ def test_hflip_mirrors_image_and_maps_before_the_points_are_drawn():
     f = hflip_sample(s)
     assert torch.equal(f["image"], s["image"].flip(-1)) and torch.equal(f["depth"][:, 0], s["depth"][:, -1])
     assert all(torch.equal(hflip_sample(f)[k], s[k]) for k in ("image", "depth", "valid", "eval_mask"))
-    wq = WithQueries(ds, seed=0, rank=0, edge_frac=0.5, hflip=True)
+    wq = WithQueries(ds, seed=0, rank=0, queries=QueryConfig(edge_frac=0.5), hflip=True)
     flipped = [torch.equal(wq[(0, 1, j, 8)]["image"], f["image"]) for j in range(16)]
     assert 2 <= sum(flipped) <= 14  # about half, decided per (step, slot)
     for j in range(16):
