@@ -258,7 +258,7 @@ def test_soak_10000_calls_equal_eager_no_recompile_flat_memory():
     from depthpack import create_model
     from depthpack.core.fast import Recipe
     from depthpack.runtime.engines import compile_counter
-from depthpack.runtime.predictor import Predictor
+    from depthpack.runtime.predictor import Predictor
 
     torch.set_num_threads(1)
     model = randomize_(create_model("tiny")).eval()
