@@ -55,14 +55,28 @@ Check check_reference(Runner& r, const std::string& path) {
   const size_t n = size_t(B * c.points);  // a NaN reference would compare as "max abs diff 0 ... MISMATCH"
   const auto bad = std::count_if(want.f32.begin(), want.f32.begin() + n, [](float v) { return !std::isfinite(v); });
   if (bad) throw Error("check " + path + ": its depth holds " + std::to_string(bad) + " values that are not finite (NaN or inf): not a reference");
-  std::vector<float> got(n);
-  r.predict_inputs(frames ? (const void*)image.u8.data() : image.f32.data(), B, points.f32.data(), c.points, got.data(), focal);
-  c.ok = true;
-  for (size_t i = 0; i < got.size(); ++i) {  // row b of the reference's first B rows: same offsets
-    const double d = std::isfinite(got[i]) ? std::abs(double(got[i]) - want.f32[i]) : INFINITY;  // a NaN answer: inf, never 0
-    c.max_abs_diff = std::max(c.max_abs_diff, d);
-    c.ok = c.ok && std::isfinite(got[i]) && d <= m.atol + m.rtol * std::abs(want.f32[i]);
+  std::vector<float> got(n), got_map;
+  std::vector<float> want_map;
+  if (m.has_map() && ref.has("map")) {
+    io::Tensor rm = ref.get("map");
+    if (rm.dtype != "F32" || rm.shape.size() != 3 || rm.shape[0] < B || rm.shape[1] != m.map_rows || rm.shape[2] != m.map_cols)
+      throw Error("check " + path + ": its map must be float32 [>=B," + std::to_string(m.map_rows) + "," + std::to_string(m.map_cols) + "]");
+    want_map.assign(rm.f32.begin(), rm.f32.begin() + B * m.map_rows * m.map_cols);
+    got_map.resize(want_map.size());
+    c.map = true;
   }
+  r.predict_inputs(frames ? (const void*)image.u8.data() : image.f32.data(), B, points.f32.data(), c.points, got.data(), focal,
+                   c.map ? got_map.data() : nullptr);
+  c.ok = true;
+  auto compare = [&](const std::vector<float>& a, const float* e) {  // row b of the first B rows: same offsets
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double d = std::isfinite(a[i]) ? std::abs(double(a[i]) - e[i]) : INFINITY;  // a NaN answer: inf, never 0
+      c.max_abs_diff = std::max(c.max_abs_diff, d);
+      c.ok = c.ok && std::isfinite(a[i]) && d <= m.atol + m.rtol * std::abs(e[i]);
+    }
+  };
+  compare(got, want.f32.data());
+  if (c.map) compare(got_map, want_map.data());
   return c;
 }
 

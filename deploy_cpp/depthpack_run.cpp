@@ -2,7 +2,8 @@
 // pixels of one image, of every frame of a video, a folder or a raw stream, or a check against
 // the export's reference file.
 //
-// Assumes: a folder written by export/export.py (manifest.json "depthpack-manifest/3" beside one
+// Assumes: a folder written by export/export.py (manifest.json "depthpack-manifest/4", or /3 from before
+// the map, beside one
 // AOTInductor package per bucket and the weights file they share) built for this machine's CPU
 // architecture, GPU compute capability and libtorch major.minor (all checked); trusted packages: a
 // .pt2 holds native code, and the sha256 checks only prove a file is the one the manifest names.
@@ -44,6 +45,8 @@ options
                       lines ignored; the same points for every frame
   --out PATH          the depths as CSV, "x,y,depth" (frame loops: "frame,x,y,depth"); default
                       stdout; never an input, nor a file of the export folder
+  --map PATH          with --image, packages with a map (manifest "map"): the glance's depth map of
+                      the same call as CSV, one line per row of the map, meters
   --focal F           the camera's focal length sqrt(fx*fy) in the input's pixels, > 0 (default:
                       the manifest's "focal" default); packages without a focal input ignore it
                       (one warning line)
@@ -57,7 +60,7 @@ Reports (check, bench, frame latency) go to stderr. Frame loops skip a frame tha
 )";
 
 struct Args {
-  std::string manifest, image, points, out, check, video, images, raw;
+  std::string manifest, image, points, out, map, check, video, images, raw;
   int64_t frame_h = 0, frame_w = 0;
   std::optional<float> focal;
   int bench = 0, device_index = 0;
@@ -91,6 +94,7 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--image") a.image = value(k);
     else if (f == "--points") a.points = value(k);
     else if (f == "--out") a.out = value(k);
+    else if (f == "--map") a.map = value(k);
     else if (f == "--check") a.check = value(k);
     else if (f == "--video") a.video = value(k);
     else if (f == "--images") a.images = value(k);
@@ -119,6 +123,7 @@ Args parse_args(int argc, char** argv) {
   if (!loops && a.check.empty() && a.image.empty()) throw Error("give --image and --points, --check REF, or a frame loop (see --help)");
   if ((loops || !a.image.empty()) && a.points.empty()) throw Error("--points is required with --image, --video, --images and --raw");
   if (a.raw.empty() != !a.frame_w) throw Error("--raw and --frame-size WxH go together");
+  if (!a.map.empty() && a.image.empty()) throw Error("--map goes with --image (one call, one map)");
   return a;
 }
 
@@ -126,18 +131,21 @@ Args parse_args(int argc, char** argv) {
 // folder (its manifest, packages, weights, references): a typo there would destroy the export.
 void check_out(const Args& a) {
   namespace fs = std::filesystem;
-  if (a.out.empty()) return;
+  if (a.out.empty() && a.map.empty()) return;
   std::error_code ec;
-  const fs::path out = fs::weakly_canonical(fs::absolute(a.out, ec), ec);
   auto folder = [&](const std::string& p) { return fs::weakly_canonical(fs::absolute(p, ec), ec); };
-  if (out.parent_path() == folder(a.manifest).parent_path())
-    throw Error("--out " + a.out + ": is in the export folder " + folder(a.manifest).parent_path().string() +
-                " (its manifest, packages and weights); write the depths elsewhere");
-  if (!a.images.empty() && out.parent_path() == folder(a.images))
-    throw Error("--out " + a.out + ": is in the --images folder " + a.images + "; write the depths elsewhere");
-  for (const std::string& in : {a.manifest, a.image, a.points, a.check, a.video, a.raw})
-    if (!in.empty() && in != "-" && (folder(in) == out || fs::equivalent(in, a.out, ec)))
-      throw Error("--out " + a.out + ": is the input " + in + "; write the depths elsewhere");
+  for (const auto& [flag, path] : {std::pair{"--out", a.out}, std::pair{"--map", a.map}}) {
+    if (path.empty()) continue;
+    const fs::path out = folder(path);
+    if (out.parent_path() == folder(a.manifest).parent_path())
+      throw Error(std::string(flag) + " " + path + ": is in the export folder " + folder(a.manifest).parent_path().string() +
+                  " (its manifest, packages and weights); write elsewhere");
+    if (!a.images.empty() && out.parent_path() == folder(a.images))
+      throw Error(std::string(flag) + " " + path + ": is in the --images folder " + a.images + "; write elsewhere");
+    for (const std::string& in : {a.manifest, a.image, a.points, a.check, a.video, a.raw})
+      if (!in.empty() && in != "-" && (folder(in) == out || fs::equivalent(in, path, ec)))
+        throw Error(std::string(flag) + " " + path + ": is the input " + in + "; write elsewhere");
+  }
 }
 
 std::ostream& output(const Args& a, std::ofstream& file) {
@@ -165,8 +173,8 @@ void print_bench(depthpack::Runner& r, int runs) {
 bool report_check(depthpack::Runner& r, const std::string& path) {
   const depthpack::Manifest& m = r.manifest();
   const depthpack::Check c = depthpack::check_reference(r, path);
-  std::fprintf(stderr, "check %s: %lld points, max abs diff %.3g (atol %g, rtol %g): %s\n", path.c_str(), (long long)c.points,
-               c.max_abs_diff, m.atol, m.rtol, c.ok ? "OK" : "MISMATCH");
+  std::fprintf(stderr, "check %s: %lld points%s, max abs diff %.3g (atol %g, rtol %g): %s\n", path.c_str(), (long long)c.points,
+               c.map ? " and the map" : "", c.max_abs_diff, m.atol, m.rtol, c.ok ? "OK" : "MISMATCH");
   return c.ok;
 }
 
@@ -175,6 +183,10 @@ void predict_image(depthpack::Runner& r, const Args& a) {
   const depthpack::Manifest& m = r.manifest();
   depthpack::io::Points pts = depthpack::io::read_points(a.points);
   std::vector<float> depth(pts.xy.size() / 2);
+  const auto [rows, cols] = r.map_size();
+  if (!a.map.empty() && !rows) throw Error("--map " + a.map + ": these packages return no map (manifest \"map\")");
+  std::vector<float> map(a.map.empty() ? 0 : size_t(rows * cols));
+  float* map_out = a.map.empty() ? nullptr : map.data();
   if (a.image.size() > 12 && a.image.ends_with(".safetensors")) {
     const std::string name = m.takes_frames() ? "frames" : "images";
     auto t = depthpack::io::Safetensors(a.image).get(name);
@@ -186,12 +198,13 @@ void predict_image(depthpack::Runner& r, const Args& a) {
                   " images; --image takes one (shape [1,...]); --check REF runs a reference's batch");
     if (!m.takes_frames()) depthpack::io::check_unit_range(t.f32, "image " + a.image);
     depthpack::io::check_points(pts, a.points, h, w);
-    r.predict_inputs(m.takes_frames() ? (const void*)t.u8.data() : t.f32.data(), 1, pts.xy.data(), pts.size(), depth.data(), a.focal);
+    r.predict_inputs(m.takes_frames() ? (const void*)t.u8.data() : t.f32.data(), 1, pts.xy.data(), pts.size(), depth.data(), a.focal,
+                     map_out);
   } else {
 #ifdef DEPTHPACK_WITH_OPENCV
     cv::Mat bgr = depthpack::io::decode_image(a.image);
     depthpack::io::check_points(pts, a.points, bgr.rows, bgr.cols);
-    r.predict(bgr, pts.xy.data(), pts.size(), depth.data(), a.focal);
+    r.predict(bgr, pts.xy.data(), pts.size(), depth.data(), a.focal, map_out);
 #else
     throw Error("image " + a.image + ": this build has no OpenCV, so --image must be a .safetensors file; rebuild with OpenCV to read image files");
 #endif
@@ -201,6 +214,12 @@ void predict_image(depthpack::Runner& r, const Args& a) {
   os << "x,y,depth\n";
   for (int64_t i = 0; i < pts.size(); ++i) os << pts.text[i].first << "," << pts.text[i].second << "," << fmt(depth[i]) << "\n";
   if (!os.flush()) throw Error("writing the depths failed");
+  if (map_out) {
+    std::ofstream mf(a.map);
+    for (int64_t y = 0; y < rows; ++y)
+      for (int64_t x = 0; x < cols; ++x) mf << fmt(map[size_t(y * cols + x)]) << (x + 1 < cols ? "," : "\n");
+    if (!mf.flush()) throw Error("--map " + a.map + ": cannot be written");
+  }
 }
 
 // --video / --images / --raw: the same points on every frame; latency without and with the read.

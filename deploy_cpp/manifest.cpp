@@ -113,6 +113,12 @@ void read_optional(const Json& j, Manifest& m, const std::string& w) {
       throw Error(w + ": focal must be {\"default\": f} with 0 < f < 1e7 pixels, or null");
     if (!d->is_null()) m.focal_default = float(d->get<double>());
   }
+  if (j.contains("map") && !j["map"].is_null()) {
+    auto rc = int_list(need(j["map"], "size", Kind::array, w + ": map"), w + ": map: size");
+    if (rc.size() != 2 || rc[0] < 1 || rc[1] < 1 || rc[0] > kMaxSize || rc[1] > kMaxSize)
+      throw Error(w + ": map: size must be [rows, cols], each in [1, " + std::to_string(kMaxSize) + "]");
+    m.map_rows = rc[0], m.map_cols = rc[1];
+  }
 }
 
 }  // namespace
@@ -140,7 +146,7 @@ Manifest parse_manifest(const std::string& text, const fs::path& path) {
   const std::string w = "manifest " + path.string();
   const Json j = io::parse_json(text, w);
   const Json* format = j.is_object() && j.contains("format") ? &j["format"] : nullptr;
-  if (!format || !format->is_string() || *format != kFormat)
+  if (!format || !format->is_string() || (*format != kFormat && *format != kFormatNoMap))
     throw Error(w + ": not a " + kFormat + " manifest (format " + (format && format->is_string() ? format->dump() : "missing") +
                 "); re-export with this depthpack");
   std::vector<std::string> missing;
@@ -193,8 +199,9 @@ Manifest parse_manifest(const std::string& text, const fs::path& path) {
     bucket.inputs = specs(b["inputs"], wb + ": inputs");
     check_inputs(m, bucket, wb);
     std::vector<TensorSpec> out = specs(b["outputs"], wb + ": outputs");
-    if (out != std::vector<TensorSpec>{{"depth", "float32", {m.batch, bucket.capacity}}})
-      throw Error(wb + ": outputs " + describe(out) + " differ from [depth float32 " + shape_str({m.batch, bucket.capacity}) + "]");
+    std::vector<TensorSpec> want = {{"depth", "float32", {m.batch, bucket.capacity}}};
+    if (m.has_map()) want.push_back({"map", "float32", {m.batch, m.map_rows, m.map_cols}});
+    if (out != want) throw Error(wb + ": outputs " + describe(out) + " differ from " + describe(want));
     m.buckets.push_back(std::move(bucket));
   }
   const Json& ref = need(j, "reference", Kind::object, w);

@@ -30,7 +30,9 @@ struct Error : std::runtime_error {
 };
 
 // contract: FORMAT
-inline constexpr const char* kFormat = "depthpack-manifest/3";
+inline constexpr const char* kFormat = "depthpack-manifest/4";
+// contract: FORMAT_NO_MAP
+inline constexpr const char* kFormatNoMap = "depthpack-manifest/3";
 // contract: REQUIRED_KEYS
 inline constexpr std::array<const char*, 19> kRequiredKeys = {
     "format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
@@ -41,7 +43,7 @@ inline constexpr std::array<const char*, 5> kBucketKeys = {"bucket", "file", "sh
 inline constexpr int64_t kMaxSize = 1 << 14, kMaxBatch = 1 << 12;  // contract.MAX_SIZE, MAX_BATCH
 
 // One tensor a package takes or returns: "images" float32 [B,3,H,W], "frames" uint8 [B,h,w,3],
-// "points" float32 [B,K,2], "focal" float32 [B]; "depth" float32 [B,K].
+// "points" float32 [B,K,2], "focal" float32 [B]; "depth" float32 [B,K], "map" float32 [B,rows,cols].
 struct TensorSpec {
   std::string name, dtype;
   std::vector<int64_t> shape;
@@ -73,11 +75,14 @@ struct Manifest {
                                           // null for packages that take images)
   bool frame_bgr = true;                  //   and its channel order
   std::optional<float> focal_default;     // "focal": {"default": f}
+  int64_t map_rows = 0, map_cols = 0;     // "map": {"size": [rows, cols]}: the packages' second output,
+                                          // the glance's depth map (0: none, or a format 3 manifest)
   std::vector<Bucket> buckets;            // ascending capacity; the same inputs but "points" in each
   WeightsFile weights;                    // "weights": null (weights inside, an older export) is refused
 
   bool has_input(const std::string& name) const;
   bool takes_frames() const { return has_input("frames"); }
+  bool has_map() const { return map_rows > 0; }
 };
 
 // The manifest at path with every key a runner relies on checked; an Error names the file and key.

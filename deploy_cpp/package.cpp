@@ -160,9 +160,18 @@ void Package::load_constants(const WeightsData& weights, c10::Device device) {
   }
 }
 
+void Package::keep(std::vector<at::Tensor> outs) {
+  const size_t want = m_.has_map() ? 2 : 1;
+  if (outs.size() != want)
+    throw Error("package " + b_.file.string() + " returned " + std::to_string(outs.size()) + " outputs, the manifest lists " +
+                std::to_string(want));
+  out_ = outs[0];
+  if (m_.has_map()) map_ = outs[1];
+}
+
 const at::Tensor& Package::run(const std::vector<at::Tensor>& inputs, void* stream) {
   if (!graph_) {
-    out_ = loader_->run(inputs, stream)[0];
+    keep(loader_->run(inputs, stream));
   } else {
 #ifdef DEPTHPACK_WITH_CUDA
     if (!cuda_graph_) {  // capture once, on the runner's (non-default) stream, after a warm-up
@@ -171,7 +180,7 @@ const at::Tensor& Package::run(const std::vector<at::Tensor>& inputs, void* stre
       for (const at::Tensor& t : inputs) captured_.push_back(t.const_data_ptr());
       cuda_graph_ = std::make_unique<at::cuda::CUDAGraph>();
       cuda_graph_->capture_begin();
-      out_ = loader_->run(inputs, stream)[0];
+      keep(loader_->run(inputs, stream));
       cuda_graph_->capture_end();
     }
     for (size_t k = 0; k < inputs.size(); ++k)
@@ -183,6 +192,9 @@ const at::Tensor& Package::run(const std::vector<at::Tensor>& inputs, void* stre
     throw Error("package " + b_.file.string() + " returned " + shape_str(out_.sizes()) + " " +
                 std::string(c10::toString(out_.scalar_type())) + ", expected depth float32 [" +
                 std::to_string(m_.batch) + "," + std::to_string(b_.capacity) + "]");
+  if (m_.has_map() && (map_.sizes().vec() != std::vector<int64_t>{m_.batch, m_.map_rows, m_.map_cols} || map_.scalar_type() != at::kFloat))
+    throw Error("package " + b_.file.string() + " returned a map " + shape_str(map_.sizes()) + ", expected float32 [" +
+                std::to_string(m_.batch) + "," + std::to_string(m_.map_rows) + "," + std::to_string(m_.map_cols) + "]");
   return out_;
 }
 
@@ -190,7 +202,7 @@ void Package::rerun(const std::vector<at::Tensor>& inputs, void* stream) {
 #ifdef DEPTHPACK_WITH_CUDA
   if (cuda_graph_) return cuda_graph_->replay();
 #endif
-  out_ = loader_->run(inputs, stream)[0];
+  keep(loader_->run(inputs, stream));
 }
 
 }  // namespace depthpack::detail

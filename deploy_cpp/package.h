@@ -45,6 +45,7 @@ class Package {
   // must be the same tensors on every call (static buffers): the first call captures, later ones
   // replay. The result stays valid until the next call.
   const at::Tensor& run(const std::vector<at::Tensor>& inputs, void* stream);
+  const at::Tensor& map() const { return map_; }  // the glance's map [B,rows,cols] of the last run (manifest "map")
   void rerun(const std::vector<at::Tensor>& inputs, void* stream);  // for timing: replay or run again
 
  private:
@@ -53,7 +54,8 @@ class Package {
   bool graph_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   ConstantSpecs constants_;  // its "depthpack.constants" metadata
-  at::Tensor out_;
+  at::Tensor out_, map_;
+  void keep(std::vector<at::Tensor> outs);  // the outputs of a run: depth, and the map where the manifest has one
   std::vector<const void*> captured_;  // data pointers of the inputs the graph was captured with
 #ifdef DEPTHPACK_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAGraph> cuda_graph_;

@@ -64,6 +64,7 @@ struct Runner::Impl {
   at::Tensor image, focal;                        // device, shared by every bucket: images|frames, focal
   at::Tensor frame_host, frame_dev, frame_float;  // the frame at its own size (host pinned on CUDA)
   at::Tensor points_host, depth_host, focal_host; // staging of all chunks of a call (pinned on CUDA)
+  at::Tensor map_host;                            // the first chunk's map (pinned on CUDA)
   std::vector<float> scaled;
 
   struct Guard {  // every call: inference mode; on CUDA the runner's device and stream
@@ -164,10 +165,17 @@ struct Runner::Impl {
     focal.copy_(focal_host, /*non_blocking=*/true);
   }
 
-  // depth [rows,n] for points [rows,n,2] in the packages' pixels (rows 1: repeated over the batch).
-  void run(const float* xy, int64_t rows, int64_t n, float* depth) {
+  // depth [rows,n] for points [rows,n,2] in the packages' pixels (rows 1: repeated over the batch), and
+  // with map the first chunk's glance map [rows,map rows,map cols]; n = 0 with a map runs one point (0, 0).
+  void run(const float* xy, int64_t rows, int64_t n, float* depth, float* map) {
+    if (map && !m.has_map()) throw Error("a map was asked for, but these packages return none (manifest \"map\"): re-export "
+                                         "a model trained with model.glance_depth");
+    const float origin[2] = {0.0f, 0.0f};
+    const bool map_only = n == 0 && map;
+    if (map_only) xy = origin, rows = 1, n = 1;
     const int64_t B = m.batch, kmax = m.buckets.back().capacity, chunks = (n + kmax - 1) / kmax;
     if (n == 0) return;
+    if (map && !map_host.defined()) map_host = alloc({B, m.map_rows, m.map_cols}, at::kFloat, true);
     if (!points_host.defined() || points_host.numel() < chunks * B * kmax * 2) {
       points_host = alloc({chunks * B * kmax * 2}, at::kFloat, true);
       depth_host = alloc({chunks * B * kmax}, at::kFloat, true);
@@ -186,12 +194,15 @@ struct Runner::Impl {
         slot_k.points.copy_(points_host.narrow(0, c * B * kmax * 2, B * K * 2).view({B, K, 2}), /*non_blocking=*/true);
         const at::Tensor& d = slot_k.package->run(slot_k.inputs, stream_handle());
         depth_host.narrow(0, c * B * kmax, B * K).view({B, K}).copy_(d, /*non_blocking=*/true);
+        if (map && c == 0) map_host.copy_(slot_k.package->map(), /*non_blocking=*/true);
       }
     } catch (...) {
       sync();  // no copy may still read or write the staging buffers when the caller goes on
       throw;
     }
     sync();  // the one synchronization of a call
+    if (map) std::memcpy(map, map_host.data_ptr<float>(), size_t(rows * m.map_rows * m.map_cols) * sizeof(float));
+    if (map_only) return;
     const float* dh = depth_host.data_ptr<float>();
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t s = c * kmax, cn = std::min(kmax, n - s), K = bucket_for(cn).capacity;
@@ -203,7 +214,7 @@ struct Runner::Impl {
 Runner::Runner(const std::string& manifest_path, Options options) : impl_(std::make_unique<Impl>(manifest_path, options)) {}
 Runner::~Runner() = default;
 
-void Runner::predict(const Frame& f, const float* xy, int64_t n, float* depth, std::optional<float> focal) {
+void Runner::predict(const Frame& f, const float* xy, int64_t n, float* depth, std::optional<float> focal, float* map) {
   Impl& r = *impl_;
   Impl::Guard guard(r);
   if (!f.data || f.height < 1 || f.width < 1 || f.row_bytes < f.width * 3)
@@ -229,11 +240,11 @@ void Runner::predict(const Frame& f, const float* xy, int64_t n, float* depth, s
   // image packages: the frame's focal scaled to the model's pixels (core.preprocess.scale_focal)
   r.stage_focal(focal, frames ? 1.0 : std::sqrt((double(r.m.W) / double(f.width)) * (double(r.m.H) / double(f.height))));
   r.stage_frame(f);
-  r.run(r.scaled.data(), 1, n, depth);
+  r.run(r.scaled.data(), 1, n, depth, map);
 }
 
 void Runner::predict_inputs(const void* image, int64_t rows, const float* xy, int64_t n, float* depth,
-                            std::optional<float> focal) {
+                            std::optional<float> focal, float* map) {
   Impl& r = *impl_;
   Impl::Guard guard(r);
   const Manifest& m = r.m;
@@ -248,7 +259,7 @@ void Runner::predict_inputs(const void* image, int64_t rows, const float* xy, in
   shape[0] = rows;
   r.stage_focal(focal, 1.0);
   r.image.copy_(at::from_blob(const_cast<void*>(image), shape, r.image.scalar_type()).expand_as(r.image));
-  r.run(xy, rows, n, depth);
+  r.run(xy, rows, n, depth, map);
 }
 
 std::vector<double> Runner::bench(int64_t bucket, int runs) {
@@ -297,6 +308,7 @@ std::string build_info() {
 }
 
 const Manifest& Runner::manifest() const { return impl_->m; }
+std::pair<int64_t, int64_t> Runner::map_size() const { return {impl_->m.map_rows, impl_->m.map_cols}; }
 std::string Runner::device() const { return impl_->device.str(); }
 bool Runner::graphs() const { return impl_->graph; }
 std::vector<int64_t> Runner::buckets_used() const { return impl_->used; }

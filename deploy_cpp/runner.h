@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "manifest.h"
@@ -53,21 +54,28 @@ class Runner {
   // the frame resized to the model's size and the points scaled; frame packages get both as they
   // are. focal: the frame's focal length sqrt(fx * fy) in this frame's pixels (scaled to the model's
   // pixels for image packages, as the points are; default: the manifest's "focal" default). It must
-  // be finite and > 0; packages without a focal input ignore it. Throws depthpack::Error on bad
-  // input, naming it.
-  void predict(const Frame& frame, const float* xy, int64_t n, float* depth, std::optional<float> focal = {});
+  // be finite and > 0; packages without a focal input ignore it. map: where to write the glance's
+  // depth map [rows,cols] (map_size(); meters, row-major) from the same call, or null; packages
+  // without one (manifest "map") refuse a map buffer. Throws depthpack::Error on bad input, naming it.
+  void predict(const Frame& frame, const float* xy, int64_t n, float* depth, std::optional<float> focal = {},
+               float* map = nullptr);
 #ifdef DEPTHPACK_WITH_OPENCV
-  void predict(const cv::Mat& bgr, const float* xy, int64_t n, float* depth, std::optional<float> focal = {}) {
+  void predict(const cv::Mat& bgr, const float* xy, int64_t n, float* depth, std::optional<float> focal = {},
+               float* map = nullptr) {
     if (bgr.type() != CV_8UC3) throw Error("predict: the cv::Mat must be uint8 with 3 channels (CV_8UC3)");
-    predict({bgr.data, bgr.rows, bgr.cols, int64_t(bgr.step[0]), Order::BGR}, xy, n, depth, focal);
+    predict({bgr.data, bgr.rows, bgr.cols, int64_t(bgr.step[0]), Order::BGR}, xy, n, depth, focal, map);
   }
 #endif
 
   // The packages' own input, already preprocessed: `rows` (1: repeated over the batch, or the
   // batch) of "images" float32 [3,H,W] RGB in [0,1] at the model's size, or of "frames" uint8
-  // [h,w,3] in the manifest's channel order; xy [rows,n,2] and focal in those pixels; depth [rows,n].
+  // [h,w,3] in the manifest's channel order; xy [rows,n,2] and focal in those pixels; depth [rows,n];
+  // map [rows,map rows,map cols] or null.
   void predict_inputs(const void* image, int64_t rows, const float* xy, int64_t n, float* depth,
-                      std::optional<float> focal = {});
+                      std::optional<float> focal = {}, float* map = nullptr);
+
+  // (rows, cols) of the glance's depth map the packages return; (0, 0) when they return none.
+  std::pair<int64_t, int64_t> map_size() const;
 
   // Milliseconds of `runs` calls of one bucket with the inputs of the last predict in place: the
   // graph's replay (or the package's run), timed with CUDA events on the runner's stream.

@@ -1,9 +1,10 @@
 """Seeds of the fuzz targets from real exports (the committed corpus/<target>/seed_* files).
 
-    .venv/bin/python deploy_cpp/fuzz/make_seeds.py EXPORT_IMAGES EXPORT_FRAMES
+    .venv/bin/python deploy_cpp/fuzz/make_seeds.py EXPORT_IMAGES EXPORT_FRAMES EXPORT_MAP
 
-EXPORT_IMAGES, EXPORT_FRAMES: folders written by export/export.py --preset tiny (the second with
---frame-size 96x80 --frame-format bgr8). Writes, for each target, files named seed_*: the manifests
+EXPORT_IMAGES, EXPORT_FRAMES, EXPORT_MAP: folders written by export/export.py --preset tiny (the second
+with --frame-size 96x80 --frame-format bgr8, the third with --model context=glance,glance_grid=4,
+glance_depth=true,query_head=residual: packages with a map). Writes, for each target, files named seed_*: the manifests
 and package metadata (manifest), the reference files and a weights file cut to its small tensors,
 and that file's header alone (safetensors), the reference points (points), a reference frame whole
 and cut short, and the reference PNG (frames; the first two bytes choose the frame size).
@@ -33,8 +34,8 @@ def write(target: str, name: str, data: bytes) -> None:
     (d / f"seed_{name}").write_bytes(data)
 
 
-def main(images: Path, frames: Path) -> None:
-    for tag, d in (("images", images), ("frames", frames)):
+def main(images: Path, frames: Path, maps: Path) -> None:
+    for tag, d in (("images", images), ("frames", frames), ("map", maps)):
         write("manifest", f"{tag}_manifest.json", (d / "manifest.json").read_bytes())
         meta = package_metadata(d / "depthpack_k8.pt2")
         write("manifest", f"{tag}_inputs.json", meta["depthpack.inputs"].encode())
@@ -55,6 +56,6 @@ def main(images: Path, frames: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) != 4:
         sys.exit(__doc__)
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))

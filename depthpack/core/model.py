@@ -156,8 +156,9 @@ class GlanceHead(PointDecoder):
 
     def cells(self, points: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         # points [B,Q,2] pixels of an image of size hw -> [B,Q,2] in cells, token centres at integers
-        rh, rw = self.grid
-        return points.float() / torch.tensor([hw[1] / rw, hw[0] / rh], device=points.device) - 0.5
+        rh, rw = self.grid  # python scalars, not a tensor: an exported program keeps no constant for them
+        pts = points.float()
+        return torch.stack([pts[..., 0] * (rw / hw[1]), pts[..., 1] * (rh / hw[0])], -1) - 0.5
 
     def own(self, gtok: torch.Tensor, points: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         """log depth [B,Q] of each point decoded by the token of its own cell (the map's decoding)."""

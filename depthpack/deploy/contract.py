@@ -20,7 +20,9 @@ contiguous tensor of a fixed shape and dtype, one of
     focal   float32 [B]        only for models with a focal input (manifest "focal" not null): each
                                row's focal length sqrt(fx * fy) in pixels of those images or frames
                                (0 = unknown: the model's default), scaled inside like the points
-and it returns depth float32 [B,K] meters; normalization and the compute dtype are inside. Each
+and it returns depth float32 [B,K] meters and, for a model with a glance depth (manifest "map" not null,
+format 4), the glance's depth map float32 [B,rows,cols] of the same buffer; normalization and the
+compute dtype are inside. Format 3 manifests (before the map) are read as packages without one. Each
 package also carries its bucket and input specs in its own metadata (PACKAGE_METADATA), so a
 manifest entry that names the wrong package is caught when it loads.
 """
@@ -36,7 +38,9 @@ import torch
 from ..core.files import sha256_file
 from ..core.preprocess import focal_factor
 
-FORMAT = "depthpack-manifest/3"
+FORMAT = "depthpack-manifest/4"
+FORMAT_NO_MAP = "depthpack-manifest/3"  # the same contract before the map: read as packages without one
+FORMATS_READ = (FORMAT_NO_MAP, FORMAT)
 MANIFEST = "manifest.json"
 REFERENCE = "reference.safetensors"
 REFERENCE_IMAGE = "reference.png"
@@ -47,7 +51,8 @@ WEIGHTS = "weights.safetensors"
 REQUIRED_KEYS = ("format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
                  "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "frame",
                  "preprocess", "tolerance", "buckets", "reference", "weights")
-OPTIONAL_KEYS = ("onnx", "build", "focal")  # build: the fast paths and Inductor settings asked for;
+OPTIONAL_KEYS = ("onnx", "build", "focal", "map")  # build: the fast paths and Inductor settings asked for;
+# map: {"size": [rows, cols]}, present when the packages also return the glance's depth map;
 # focal: {"default": f, "canonical": c, "units": FOCAL_UNITS}, both in pixels of the package's input
 # (frames: the frame; images: the model's image), present when the packages take a "focal" input
 FOCAL_UNITS = "pixels of the input"
@@ -84,14 +89,16 @@ def tensor_spec(name: str, shape, dtype: str = "float32") -> dict:
 
 
 def io_specs(image_size: tuple[int, int], batch: int, bucket: int, frame: dict | None = None,
-             focal: bool = False) -> tuple[list[dict], list[dict]]:
+             focal: bool = False, map_size: tuple[int, int] | None = None) -> tuple[list[dict], list[dict]]:
     """(inputs, outputs) of the package of one bucket, in call order; frame: the manifest's "frame";
-    focal: the packages take a focal input (the manifest's "focal" is not null)."""
+    focal: the packages take a focal input (the manifest's "focal" is not null); map_size: (rows, cols)
+    of the glance's map, the second output (the manifest's "map")."""
     H, W = image_size
     first = (tensor_spec("frames", [batch, *frame["size"], 3], "uint8") if frame
              else tensor_spec("images", [batch, 3, H, W]))
     inputs = [first, tensor_spec("points", [batch, bucket, 2])] + ([tensor_spec("focal", [batch])] if focal else [])
-    return inputs, [tensor_spec("depth", [batch, bucket])]
+    outputs = [tensor_spec("depth", [batch, bucket])] + ([tensor_spec("map", [batch, *map_size])] if map_size else [])
+    return inputs, outputs
 
 
 def input_scale(image_size: tuple[int, int], frame: dict | None) -> float:
@@ -114,9 +121,19 @@ class ManifestError(ValueError):
 def read_manifest(path: str | Path) -> dict:
     """The manifest at path, with every key the runners rely on checked: one ManifestError naming the
     file and what is wrong, never a KeyError later."""
+    m = _load(Path(path))
+    w = f"manifest {path}"
+    _check_model(m, w)
+    _check_inputs(m, w)
+    _check_buckets(m, w)
+    _check_files(m, w)
+    return m
+
+
+def _load(path: Path) -> dict:
+    """The file as a JSON object of a format this reader knows, with every required key."""
     import json
 
-    path = Path(path)
     if path.is_dir():  # an export folder where its manifest is meant: name the file to give
         inside = path / MANIFEST
         raise ManifestError(f"manifest {path} is a folder; " + (f"its manifest is {inside}" if inside.is_file()
@@ -129,13 +146,17 @@ def read_manifest(path: str | Path) -> dict:
         m = json.loads(path.read_bytes())
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond reason
         raise ManifestError(f"manifest {path}: not valid JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
+    if not isinstance(m, dict) or m.get("format") not in FORMATS_READ:
         got = m.get("format") if isinstance(m, dict) else type(m).__name__
         raise ManifestError(f"manifest {path}: not a {FORMAT} manifest (format {got!r}); re-export with this depthpack")
     missing = [k for k in REQUIRED_KEYS if k not in m]
     if missing:
         raise ManifestError(f"manifest {path}: missing keys {missing}")
-    w = f"manifest {path}"
+    return m
+
+
+def _check_model(m: dict, w: str) -> None:
+    """Sizes, batch, the device and build the packages are for, dtype, the depth range, the tolerance."""
     _need(isinstance(m["image_size"], list) and len(m["image_size"]) == 2
           and all(_pos_int(v, MAX_SIZE) for v in m["image_size"]), w, f"image_size must be [H, W], each in [1, {MAX_SIZE}]")
     _need(_pos_int(m["patch_size"]) and all(s % m["patch_size"] == 0 for s in m["image_size"]), w,
@@ -154,6 +175,10 @@ def read_manifest(path: str | Path) -> dict:
     tol = m["tolerance"]
     _need(isinstance(tol, dict) and all(_finite(tol.get(k)) and tol[k] >= 0 for k in ("atol", "rtol")), w,
           "tolerance must hold finite numbers atol and rtol >= 0")
+
+
+def _check_inputs(m: dict, w: str) -> None:
+    """What the packages take and give besides images and points: frames, a focal input, the map."""
     frame = m["frame"]
     _need(frame is None or (isinstance(frame, dict) and frame.get("color") in FRAME_FORMATS.values()
                             and isinstance(frame.get("size"), list) and len(frame["size"]) == 2
@@ -164,6 +189,19 @@ def read_manifest(path: str | Path) -> dict:
                             and _finite(focal.get("canonical")) and focal["canonical"] > 0
                             and focal.get("units") == FOCAL_UNITS), w,
           f'focal must be null or {{"default": f, "canonical": c, "units": "{FOCAL_UNITS}"}} with f, c > 0')
+    dmap = m.get("map")
+    _need(dmap is None or (isinstance(dmap, dict) and isinstance(dmap.get("size"), list) and len(dmap["size"]) == 2
+                           and all(_pos_int(v, MAX_SIZE) for v in dmap["size"])), w,
+          f'map must be null or {{"size": [rows, cols]}}, sizes in [1, {MAX_SIZE}]')
+
+
+def map_size(m: dict) -> tuple[int, int] | None:
+    """(rows, cols) of the packages' second output, the glance's map (None: they have none)."""
+    return tuple(m["map"]["size"]) if m.get("map") else None
+
+
+def _check_buckets(m: dict, w: str) -> None:
+    """One package per bucket, ascending, each with the inputs and outputs io_specs gives its bucket."""
     patches = (m["image_size"][0] // m["patch_size"]) * (m["image_size"][1] // m["patch_size"])
     buckets = m["buckets"]
     _need(isinstance(buckets, list) and buckets, w, "buckets must list at least one package")
@@ -178,12 +216,17 @@ def read_manifest(path: str | Path) -> dict:
         prev = b["bucket"]
         _need(_plain_name(b["file"]), wb, f"file must be a plain file name, got {b['file']!r}")
         _need(_sha256(b["sha256"]), wb, "sha256 must be 64 lowercase hex digits")
-        want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"], frame, focal is not None)
+        want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"], m["frame"],
+                                     m.get("focal") is not None, map_size(m))
         if b["inputs"] != want_in or b["outputs"] != want_out:
             def shapes(specs):
                 return [t.get("shape") if isinstance(t, dict) else t for t in specs] if isinstance(specs, list) else specs
             raise ManifestError(f"{wb}: tensor shapes {shapes(b['inputs'])!r} -> {shapes(b['outputs'])!r} are not those "
                                 f"of bucket {b['bucket']}: {shapes(want_in)} -> {shapes(want_out)}")
+
+
+def _check_files(m: dict, w: str) -> None:
+    """The reference, weights and ONNX files: plain names inside the folder, with their sha256."""
     ref = m["reference"]
     _need(isinstance(ref, dict) and _plain_name(ref.get("file")) and _sha256(ref.get("sha256")), w,
           "reference must hold a plain file name and its sha256")
@@ -195,7 +238,6 @@ def read_manifest(path: str | Path) -> dict:
     _need(isinstance(onnx, list) and all(isinstance(o, dict) and _pos_int(o.get("bucket")) and _plain_name(o.get("file"))
                                          and _sha256(o.get("sha256")) for o in onnx), w,
           "onnx must list {bucket, file, sha256} entries with plain file names")
-    return m
 
 
 MAX_SIZE, MAX_BATCH = 1 << 14, 1 << 12  # beyond any camera and any batch a package is built for

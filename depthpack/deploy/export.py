@@ -222,6 +222,7 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         "arch": platform.machine(), "dtype": dtype, "torch_version": torch.__version__,
         "min_depth": cfg.min_depth, "max_depth": cfg.max_depth, "frame": frame_of(opts),
         **({"focal": manifest_focal(cfg, frame_of(opts))} if cfg.uses_focal else {}),
+        **({"map": {"size": list(cfg.glance_map_size)}} if cfg.glance_depth else {}),
         "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
         "build": {"recipe": {**opts.recipe_for(device).kernels, "inductor": opts.recipe_for(device).inductor_options()}},
@@ -362,7 +363,9 @@ def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g
         ep = export_program(deployed, k, opts.batch, device, g, frame)
         check_constants(ep, weights, k)
         times["export_s"][k] = round(time.perf_counter() - t0, 2)
-        inputs, outputs = io_specs(deployed.cfg.img_size, opts.batch, k, frame, deployed.cfg.uses_focal)
+        cfg = deployed.cfg
+        inputs, outputs = io_specs(cfg.img_size, opts.batch, k, frame, cfg.uses_focal,
+                                   cfg.glance_map_size if cfg.glance_depth else None)
         path = out / package_name(k)
         metadata = {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":")),
                     PACKAGE_CONSTANTS: json.dumps(constant_specs(ep), separators=(",", ":"))}

@@ -1,6 +1,7 @@
 """ONNX (opset 20, float32) of the packed forward of one bucket, checked three ways: onnx.checker,
 onnxruntime, closeness to eager. Its inputs are the package's, by the same names (contract.io_specs:
-images|frames, points and, for a model with a focal input, focal). TensorRT builds its fp16/bf16 engines from it (deploy_cpp/README.md)."""
+images|frames, points and, for a model with a focal input, focal; outputs depth and, with a glance depth,
+map). TensorRT builds its fp16/bf16 engines from it (deploy_cpp/README.md)."""
 from __future__ import annotations
 
 import inspect
@@ -25,7 +26,8 @@ def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Gen
     wrapper = PackedForward(model32, k, frame).eval()
     args = example_inputs(model32.cfg, batch, k, "cpu", g, frame)  # (images|frames, points[, focal])
     input_names = ["frames" if frame else "images", "points", "focal"][: len(args)]
-    names = dict(input_names=input_names, output_names=["depth"], opset_version=ONNX_OPSET)
+    output_names = ["depth", "map"] if model32.cfg.glance_depth else ["depth"]
+    names = dict(input_names=input_names, output_names=output_names, opset_version=ONNX_OPSET)
     errors = []
     for dynamo in (True, False):
         try:
@@ -43,10 +45,12 @@ def export_onnx(model32: DepthPack, k: int, batch: int, path: Path, g: torch.Gen
         raise ExportError(f"ONNX export of bucket {k} failed with both exporters: {' | '.join(errors)}")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     fresh = example_inputs(model32.cfg, batch, k, "cpu", g, frame)
-    got = sess.run(["depth"], {n: t.numpy() for n, t in zip(input_names, fresh)})[0]
+    got = sess.run(output_names, {n: t.numpy() for n, t in zip(input_names, fresh)})
     with torch.no_grad():
         want = wrapper(*fresh)
-    ok, err = within(torch.from_numpy(got), want, **TOLERANCE["float32"])
+    want = want if isinstance(want, tuple) else (want,)
+    checks = [within(torch.from_numpy(g), w, **TOLERANCE["float32"]) for g, w in zip(got, want)]
+    ok, err = all(c[0] for c in checks), max(c[1] for c in checks)
     if not ok:
         raise ExportError(f"ONNX bucket {k}: onnxruntime differs from eager by up to {err:.3g} m "
                           f"(tolerance {TOLERANCE['float32']})")

@@ -27,8 +27,9 @@ class ExportError(ValueError):
 class PackedForward(nn.Module):
     """The exported function: images [B,3,H,W] f32 (or, with frame, uint8 frames [B,h,w,3] in the
     frame's channel order, preprocessed inside), points [B,K,2] f32 in their pixels, and for a model
-    with a focal input focal [B] f32 in their pixels (0 = unknown) -> depth [B,K] f32. Without focal
-    the model's default is used (a model without a focal input ignores it)."""
+    with a focal input focal [B] f32 in their pixels (0 = unknown) -> depth [B,K] f32, and for a model
+    with a glance depth (depth, map [B,rows,cols] f32) from the same buffer. Without focal the model's
+    default is used (a model without a focal input ignores it)."""
 
     def __init__(self, model: DepthPack, bucket: int, frame: dict | None = None):
         super().__init__()
@@ -39,6 +40,8 @@ class PackedForward(nn.Module):
             size, frame_size = tuple(self.model.cfg.img_size), tuple(self.frame["size"])
             inputs, points = frames_to_images(inputs, size, self.frame["color"]), scale_points(points, frame_size, size)
             focal = scale_focal(focal, frame_size, size) if focal is not None else None
+        if self.model.cfg.glance_depth:
+            return self.model.forward_packed_map(inputs, points, self.bucket, focal)
         return self.model.forward_packed(inputs, points, self.bucket, focal)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from ..core.files import atomic_write_bytes, sha256_file
 from ..core.model import DepthPack
-from ..core.packing import run_chunked
+from ..core.packing import chunk_plan, pad_points, run_chunked
 from ..core.preprocess import load_image, read_rgb, scale_points
 from .contract import REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS
 
@@ -66,7 +66,8 @@ def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int,
     PNG is a frame of the packages' size, "frames" its uint8 pixels in their channel order, "points"
     the CSV's, and the depth is the package's own function (preprocessing included) run eagerly.
     A model with a focal input: "focal" [B], 1.25x the manifest's default (pixels of the packages'
-    input), so a runner that dropped or misscaled it fails the check."""
+    input), so a runner that dropped or misscaled it fails the check. A model with a glance depth: "map",
+    the glance's map of the first chunk's buffer (the points of the first bucket of the chunk plan)."""
     from safetensors.torch import save
 
     from .package import PackedForward, manifest_focal
@@ -97,9 +98,16 @@ def write_reference(model: DepthPack, buckets, out: Path, batch: int, seed: int,
         tensors["focal"] = torch.full((batch,), 1.25 * manifest_focal(model.cfg, frame)["default"], dtype=torch.float32)
     extra = (tensors["focal"].to(device),) if "focal" in tensors else ()
     with torch.no_grad():
-        fn = lambda x, p, k, *f: PackedForward(model, k, frame)(x, p, *f)  # noqa: E731
+        def fn(x, p, k, *f):
+            out = PackedForward(model, k, frame)(x, p, *f)
+            return out[0] if isinstance(out, tuple) else out
         depth = run_chunked(fn, inputs.to(device), points.to(device), tuple(buckets), *extra).float().cpu()
+        tensors["depth"] = depth.contiguous()
+        if model.cfg.glance_depth:
+            k0 = chunk_plan(q, tuple(buckets))[0][2]
+            first = pad_points(points[:, :k0].to(device), k0)
+            tensors["map"] = PackedForward(model, k0, frame)(inputs.to(device), first, *extra)[1].float().cpu().contiguous()
     # through atomic_write_bytes: the umask's mode like every file of the export (save_file makes 0600)
-    atomic_write_bytes(out / REFERENCE, save({**tensors, "depth": depth.contiguous()}))
+    atomic_write_bytes(out / REFERENCE, save(tensors))
     return {"file": REFERENCE, "sha256": sha256_file(out / REFERENCE), "image": REFERENCE_IMAGE,
             "points_csv": REFERENCE_POINTS}

@@ -51,7 +51,11 @@ def start_self_check(model: DepthPack, manifest_path: Path, buckets, batch: int,
         for k in buckets:
             args = example_inputs(model.cfg, batch, k, device, g, frame)
             fresh.update({f"{n}_k{k}": t.cpu() for n, t in zip(names, args)})
-            fresh[f"depth_k{k}"] = PackedForward(model, k, frame)(*args).float().cpu()
+            out = PackedForward(model, k, frame)(*args)
+            depth, dmap = out if isinstance(out, tuple) else (out, None)
+            fresh[f"depth_k{k}"] = depth.float().cpu()
+            if dmap is not None:
+                fresh[f"map_k{k}"] = dmap.float().cpu()
     inputs = manifest_path.parent / ".selfcheck_inputs.safetensors"
     save_file({n: t.contiguous() for n, t in fresh.items()}, str(inputs))
     env = dict(os.environ)

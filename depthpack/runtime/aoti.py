@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ..core.packing import run_chunked
+from ..core.packing import chunk_plan, pad_points, run_chunked
 from ..deploy.contract import (PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, check_device, read_manifest,
                                verify_file, within)
 from .graphs import capture, summarize, time_calls
@@ -83,13 +83,14 @@ def attach_weights(loader, weights: dict[str, torch.Tensor], package: str, weigh
 
 
 def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
-    """fn(images [B,3,H,W] f32, points [B,K,2] f32[, focal [B] f32]) -> depth [B,K] f32 on the
-    package's device: the manifest entry's inputs in call order.
+    """fn(images [B,3,H,W] f32, points [B,K,2] f32[, focal [B] f32]) -> depth [B,K] f32 (with a map
+    output: (depth, map [B,rows,cols])) on the package's device: the manifest entry's inputs in call order.
 
     Shapes, dtypes and devices are checked on the host (metadata only, no sync), because a package
     given the wrong shape reads out of bounds instead of raising.
     """
     specs = [(t["name"], tuple(t["shape"]), t["dtype"]) for t in bucket["inputs"]]
+    n_out = len(bucket["outputs"])
 
     def run(*inputs: torch.Tensor) -> torch.Tensor:
         if len(inputs) != len(specs):
@@ -99,7 +100,8 @@ def _make_runner(loader, bucket: dict, device: torch.device) -> Runner:
             if tuple(t.shape) != shape or t.dtype != getattr(torch, dtype) or t.device.type != device.type:
                 raise ValueError(f"package k{bucket['bucket']}: {name} must be {dtype} {list(shape)} on "
                                  f"{device.type}, got {str(t.dtype)[6:]} {list(t.shape)} on {t.device}")
-        return loader.run([t.contiguous() for t in inputs])[0]
+        out = loader.run([t.contiguous() for t in inputs])
+        return out[0] if n_out == 1 else tuple(out[:n_out])
 
     run.loader = loader  # keep the loader reachable (and inspectable)
     run.bucket = bucket["bucket"]
@@ -158,7 +160,11 @@ def run_packages(runners: dict[int, Runner], images: torch.Tensor, points: torch
     """depth [B,Q] for any Q through the packages, chunked and padded by the one rule (packing.run_chunked);
     focal [B] for packages that take it (pixels of their input)."""
     extra = (focal,) if focal is not None else ()
-    return run_chunked(lambda im, pts, k, *f: runners[k](im, pts, *f), images, points, tuple(sorted(runners)), *extra)
+
+    def depth(im, pts, k, *f):
+        out = runners[k](im, pts, *f)
+        return out[0] if isinstance(out, tuple) else out
+    return run_chunked(depth, images, points, tuple(sorted(runners)), *extra)
 
 
 # ---- latency (a measurement for the benchmark's output, never an assertion) -----------------------
@@ -196,7 +202,11 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
             fresh = load_file(inputs)
             for k, fn in runners.items():
                 out = fn(*[fresh[f"{n}_k{k}"].to(dev) for n in names])
-                ok, err = within(out, fresh[f"depth_k{k}"], **tol)
+                out = out if isinstance(out, tuple) else (out,)
+                ok, err = within(out[0], fresh[f"depth_k{k}"], **tol)
+                if f"map_k{k}" in fresh:  # the glance's map, the second output
+                    ok_map, err_map = within(out[1], fresh[f"map_k{k}"], **tol)
+                    ok, err = ok and ok_map, max(err, err_map)
                 report["buckets"][k] = {"ok": ok, "max_abs_diff": err}
                 report["ok"] &= ok
         ref_entry = manifest["reference"]
@@ -206,6 +216,12 @@ def check(manifest_path: str | Path, device: str | None = None, inputs: str | No
         focal = ref["focal"][:B].to(dev) if "focal" in names else None
         out = run_packages(runners, ref[name][:B].to(dev), ref["points"][:B].to(dev), focal)
         ok, err = within(out, ref["depth"][:B], **tol)
+        if "map" in ref:  # the map of the reference's first chunk (its bucket's package)
+            k0 = chunk_plan(ref["points"].shape[1], tuple(sorted(runners)))[0][2]
+            pts = pad_points(ref["points"][:B, :k0].to(dev), k0)
+            ok_map, err_map = within(runners[k0](ref[name][:B].to(dev), pts, *((focal,) if focal is not None else ()))[1],
+                                     ref["map"][:B], **tol)
+            ok, err = ok and ok_map, max(err, err_map)
         report["reference"] = {"ok": ok, "max_abs_diff": err, "points": int(ref["points"].shape[1])}
         report["ok"] &= ok
         if bench:

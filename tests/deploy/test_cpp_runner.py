@@ -131,6 +131,16 @@ def frames_exported(built) -> Path:
 
 
 @pytest.fixture(scope="module")
+def map_exported(runner, tmp_path_factory) -> Path:
+    """A model with a glance depth and the residual head: packages with a second output, the map."""
+    out = export_dir(tmp_path_factory, "tiny_map")
+    return finish_export(start_kept_export(out, model=MAP_MODEL), out)
+
+
+MAP_MODEL = "context=glance,glance_grid=4,glance_depth=true,query_head=residual"
+
+
+@pytest.fixture(scope="module")
 def example(runner) -> Path:
     path = runner.parent / "robot_loop"
     assert path.exists(), f"{path}: the example robot_loop is built beside depthpack_run"
@@ -280,6 +290,31 @@ def test_check_refuses_a_reference_that_is_not_finite(runner, exported, tmp_path
     assert proc.returncode == 1 and "max abs diff 0" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "nan.safetensors") in lines[0] and "not finite" in lines[0], lines
+
+
+def test_the_map_comes_back_as_from_python(runner, map_exported, exported, tmp_path):
+    """Packages with a map: the reference check compares it too, --map writes the map of the same call
+    and it equals Python's runner over the same packages; packages without one refuse --map."""
+    from depthpack.runtime.predictor import Predictor
+
+    manifest = map_exported / "manifest.json"
+    proc = run(runner, "--manifest", manifest, "--check", map_exported / "reference.safetensors")
+    assert proc.returncode == 0 and "and the map" in proc.stderr and ": OK" in proc.stderr, proc.stderr
+    ref = load_file(str(map_exported / "reference.safetensors"))
+    images = ref["images"][:1]
+    pts = ref["points"][0, :11]
+    csv = write_csv(tmp_path / "pts.csv", pts.numpy())
+    proc = run(runner, "--manifest", manifest, "--image", map_exported / "reference.safetensors", "--points", csv,
+               "--out", tmp_path / "depth.csv", "--map", tmp_path / "map.csv")
+    assert proc.returncode == 0, proc.stderr
+    depth, dmap = Predictor.from_packages(manifest, device="cpu").predict(images, pts[None], return_map=True)
+    assert_close(read_out(tmp_path / "depth.csv")[:, 2], depth[0].numpy(), *tolerance(map_exported))
+    got = np.loadtxt(tmp_path / "map.csv", delimiter=",")
+    assert got.shape == tuple(manifest_of(map_exported)["map"]["size"]) == (32, 32)
+    assert_close(got.ravel(), dmap[0].numpy().ravel(), *tolerance(map_exported))
+    proc = run(runner, "--manifest", exported / "manifest.json", "--image", exported / "reference.safetensors",
+               "--points", csv, "--map", tmp_path / "none.csv")
+    assert proc.returncode == 1 and "return no map" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("q", [1, 7, 8, 9, 16, 17, 2 * 16 + 5])
@@ -491,7 +526,7 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     "manifest without buckets": (lambda d: _edit_manifest(d, lambda m: m.pop("buckets")), None, [], ['missing key "buckets"']),
     "manifest shapes": (lambda d: _edit_manifest(d, lambda m: m.update(image_size=[32, 64])), None, [], ["shape", "differs"]),
     "missing manifest": (lambda d: (d / "manifest.json").unlink(), None, [], ["manifest", "cannot be read"]),
-    "manifest format": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/1")), None, [], ["not a depthpack-manifest/3", "re-export"]),
+    "manifest format": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/1")), None, [], ["not a depthpack-manifest/4", "re-export"]),
     "manifest file path": (lambda d: _edit_manifest(d, lambda m: m["buckets"][0].update(file="../x.pt2")), None, [], ["plain file name"]),
     # the weights beside the weight-free packages
     "tampered weights": (lambda d: _flip_byte(d / "weights.safetensors"), None, [], ["weights.safetensors", "sha256", "does not match"]),
@@ -1057,6 +1092,7 @@ def test_manifest_h_lists_the_contracts_keys():
 
     header = (ROOT / "deploy_cpp" / "manifest.h").read_text()
     assert _marked(header, "FORMAT") == [contract.FORMAT]
+    assert _marked(header, "FORMAT_NO_MAP") == [contract.FORMAT_NO_MAP]
     assert tuple(_marked(header, "REQUIRED_KEYS")) == contract.REQUIRED_KEYS
     assert tuple(_marked(header, "BUCKET_KEYS")) == contract.BUCKET_KEYS
     assert f"std::array<const char*, {len(contract.REQUIRED_KEYS)}> kRequiredKeys" in header

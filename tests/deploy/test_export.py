@@ -65,7 +65,7 @@ def fresh_inputs(k: int, seed: int, batch: int = 1):
 def test_manifest_keys_values_and_hashes(exported):
     m, out = exported.manifest, exported.out
     assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx", "build"}
-    assert m["format"] == FORMAT == "depthpack-manifest/3" and m["preset"] == "tiny"
+    assert m["format"] == FORMAT == "depthpack-manifest/4" and m["preset"] == "tiny"
     assert m["image_size"] == [64, 64] and m["patch_size"] == 8 and m["batch_size"] == 1
     assert m["device"] == "cpu" and m["compute_capability"] is None and m["arch"] == platform.machine()
     assert m["dtype"] == "float32" and m["torch_version"] == torch.__version__
