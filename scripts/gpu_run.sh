@@ -8,7 +8,8 @@
 #   bench   the benchmark at B1 Q256 and B8 Q512 (vits bf16): the default Predictor beside the best rows the
 #           ladder can make, the baselines, camera frames from the host; then a B16 Q256 point
 #   roofline  the per-kernel roofline of the default Predictor's B8 Q512 forward (depthpack.bench.roofline)
-#   cpp     a vits bf16 export with the default recipe, checked and timed by the C++ runner (CPP_POINTS, BxQ)
+#   cpp     a vits bf16 export with the default recipe, checked and timed by the C++ runner (CPP_POINTS, BxQ);
+#           CPP_FRAMES=Q adds B1 packages of 640x480 bgr8 frames and times the runner's raw frame loop
 #   bag     python -m depthpack.bag run over a synthetic recording with the default Predictor: per-frame latency
 # $OUT gets run.log (the summary, also printed) and results.tgz (every table, log and figure).
 set -u -o pipefail
@@ -54,6 +55,7 @@ if has tests; then
   timeout "${TEST_S:-330}" $PY -m pytest -m gpu ${TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider --tb=short -n "${XDIST:-8}" \
     --dist load --durations=15 --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG"
+  cp "$W/gpu_tests.xml" "$OUT/" 2>/dev/null  # back even if a later step outruns the call
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$W/logs/gpu_tests.log" | tail -30 | tee -a "$LOG"
 fi
 
@@ -92,6 +94,18 @@ if has cpp; then
     [ -n "${DEPTHPACK_RUN:-}" ] && [ -f "$W/export_b$b/manifest.json" ] && timeout 90 "$DEPTHPACK_RUN" \
       --manifest "$W/export_b$b/manifest.json" --check "$W/export_b$b/reference.safetensors" --bench 300 2>&1 | tail -3 | tee -a "$LOG"
   done
+  if [ -n "${CPP_FRAMES:-}" ]; then  # the input fold: B1 packages that take 640x480 bgr8 frames, a raw stream through them
+    k=${CPP_FRAMES}
+    step "export vits (default recipe, batch 1, bucket $k, 640x480 bgr8 frames) and the C++ frame loop"
+    timeout "${EXPORT_S:-200}" $PY -m depthpack.export --preset vits --device cuda --batch 1 --buckets $k \
+      --frame-size 640x480 --frame-format bgr8 --out "$W/export_frames" >"$W/logs/export_frames.log" 2>&1
+    echo "export exit $?: $(grep -v -e DEBUG -e '%|' "$W/logs/export_frames.log" | tail -1 | cut -c1-300)" | tee -a "$LOG"
+    $PY -c "import numpy as np, sys; r = np.random.default_rng(0); np.savetxt(sys.argv[1], r.uniform([0, 0], [639, 479], ($k, 2)), fmt='%.2f', delimiter=','); r.integers(0, 256, (300, 480, 640, 3), dtype=np.uint8).tofile(sys.argv[2])" \
+      "$W/frame_points.csv" "$W/frames.bgr"
+    [ -n "${DEPTHPACK_RUN:-}" ] && [ -f "$W/export_frames/manifest.json" ] && timeout 90 "$DEPTHPACK_RUN" \
+      --manifest "$W/export_frames/manifest.json" --raw "$W/frames.bgr" --frame-size 640x480 --points "$W/frame_points.csv" \
+      --out "$W/frame_depths.csv" 2>&1 | tail -3 | tee -a "$LOG"
+  fi
 fi
 
 if has bag; then  # the GPU image lacks rosbags: carry its wheel (.whl, device README) and PYTHONPATH it
