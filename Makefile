@@ -38,10 +38,10 @@ RUNTIME_PY := $(shell $(PY) -c "import importlib.util as u, sys; sys.exit(any(u.
 ifneq ($(RUNTIME_PY),)
 demo:
 	@echo "demo: $(RUNTIME_PY) already holds depthpack's dependencies; running on it (no .venv)"
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(RUNTIME_PY) -m depthpack.demo --out runs/demo
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(RUNTIME_PY) scripts/demo.py --out runs/demo
 else
 demo: $(STAMP)
-	$(BIN)/python -m depthpack.demo --out runs/demo
+	$(BIN)/python scripts/demo.py --out runs/demo
 endif
 
 # Cross-compiles against the aarch64 wheel of the torch pinned above (docs/cross_aarch64.md); needs no .venv.

@@ -71,11 +71,11 @@ for run in "${names[@]}"; do
   grep '^{"step"' "$WORK/train_$run.log" | cut -c1-400 | tee -a "$LOG" || tail -3 "$WORK/train_$run.log" | tee -a "$LOG"
 done
 
-step "3. evaluate each on the ${HW} held-out scenes: Q = $QUERIES, packed and dense, the diagnostic, the gap over training"
+step "3. evaluate each on the ${HW} held-out scenes: Q = $QUERIES, packed and dense, the gap over training"
 for run in "${names[@]}"; do
   t=$(date +%s)
   size=$(size_of "$run")
-  if is_dense "$run"; then paths=(--paths dense); else paths=(--paths packed dense --curve --context-diagnostic 256); fi
+  if is_dense "$run"; then paths=(--paths dense); else paths=(--paths packed dense --curve); fi
   timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --queries $QUERIES "${paths[@]}" \
     --anchors on --max-images 256 --batch-size 16 --figure-images 1 --no-progress \
     ${size:+--image-size "$HW"} --out "$WORK/$run/eval" > "$WORK/eval_$run.log" 2>&1
@@ -85,8 +85,8 @@ done
 for run in "${names[@]}"; do  # the gap over training: after every run's own evaluation, with what time is left
   is_dense "$run" && continue
   size=$(size_of "$run")
-  timeout "$(limit "$EVAL_S")" $PY -m depthpack.eval --checkpoint "$WORK/$run" --gap-curve --queries 16 256 --max-images 128 \
-    ${size:+--image-size "$HW"} --out "$WORK/$run/gap" > "$WORK/gap_$run.log" 2>&1
+  timeout "$(limit "$EVAL_S")" $PY scripts/diagnostics.py gap --checkpoint "$WORK/$run" --queries 16 256 --max-images 128 \
+    --device cuda --out "$WORK/$run/gap" > "$WORK/gap_$run.log" 2>&1
   echo "[$run] gap curve exit $?" | tee -a "$LOG"; cat "$WORK/$run/gap/gap.md" 2>/dev/null | tee -a "$LOG"
 done
 if [ -n "${LAYOUTS:-}" ]; then
@@ -94,7 +94,7 @@ if [ -n "${LAYOUTS:-}" ]; then
   for spec in $LAYOUTS; do  # the layout's model, untrained: the same shapes, so the same latency
     name=${spec%%:*}
     # shellcheck disable=SC2046
-    $PY -c 'import sys; from pathlib import Path; from depthpack.demo import untrained_checkpoint
+    $PY -c 'import sys; from pathlib import Path; from depthpack.train.run_folder import untrained_checkpoint
 untrained_checkpoint(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])' $CFG "$WORK/$name" $(overrides "$name") \
       >> "$WORK/bench.log" 2>&1
   done
@@ -107,33 +107,4 @@ untrained_checkpoint(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])' $CFG "$WORK/
     echo "[$name] bench exit $?" | tee -a "$LOG"
     grep -E "^\| .*\| (${rows//,/|}) \|" "$WORK/$name/bench/bench.md" 2>/dev/null | tee -a "$LOG"
   done
-fi
-if [ -n "${PROBE:-}" ] && [ "$(left)" -gt 60 ]; then  # issue 27's training-free probe: a thumbnail run's weights, its
-  # anchor slots carrying the pooled patch embeddings of their cells instead (same count, no training)
-  step "probe: $PROBE with pooled anchors, no training"
-  timeout "$(limit 60)" $PY - "$WORK/$PROBE" "$WORK/probe_pooled" > "$WORK/probe.log" 2>&1 <<'PYEOF'
-import json, sys
-from pathlib import Path
-import torch
-from depthpack.core.checkpoint import load_model
-from depthpack.core.files import atomic_write_json
-from depthpack.core.model import DepthPack
-from depthpack.data.datasets import make_dataset
-from depthpack.eval.evaluate import EvalSettings, data_config, evaluate
-run, out = Path(sys.argv[1]), Path(sys.argv[2])
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-m = load_model(run, device=dev)
-g = m.cfg.anchor_grid
-pooled = DepthPack(type(m.cfg)(**{**vars(m.cfg), "context": "pooled", "glance_grid": (g, g)})).to(dev).eval()
-missing, unexpected = pooled.load_state_dict(m.state_dict(), strict=False)
-ds = make_dataset(data_config(run, None, []), "val", m.cfg.img_size, m.cfg.min_depth, m.cfg.max_depth)
-s = EvalSettings(queries=(16, 64, 256), anchors=(True,), paths=("packed", "dense"), max_images=256, figure_images=0, progress=False)
-res = {"thumbnail": evaluate(m, ds, s)["summary"], "pooled, no training": evaluate(pooled, ds, s)["summary"],
-       "missing": missing, "unexpected": unexpected}
-out.mkdir(exist_ok=True)
-atomic_write_json(out / "probe.json", res)
-print(json.dumps({k: {q: (round(e["packed_abs_rel"], 4), round(e["dense_abs_rel"], 4)) for q, e in v.items()}
-                  for k, v in res.items() if isinstance(v, dict)}))
-PYEOF
-  tail -1 "$WORK/probe.log" | cut -c1-600 | tee -a "$LOG"
 fi

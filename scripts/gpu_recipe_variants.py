@@ -7,7 +7,7 @@ A variant is the fast recipe of its batch with one change (VARIANTS); each is co
 (call + sync median and p90, back-to-back), its kernels counted and its output compared with the first
 variant's of the same point; `interleaved` times the named variants in alternating spells instead. The
 compiled dense forward is the benchmark's dense-fast row, a forward's per-kernel profile
-depthpack.bench.roofline. Writes DIR/explore.json as it goes; BUDGET_S (default 420) skips what would start
+scripts/roofline.py. Writes DIR/explore.json as it goes; BUDGET_S (default 420) skips what would start
 after it. The figures of the runs so far are docs/results/h200_b8_variants.json.
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     log("device", dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                        cudnn=torch.backends.cudnn.version()))
-    from depthpack.bench.roofline import ceilings
+    from roofline import ceilings  # scripts/roofline.py, beside this script
     log("ceilings", ceilings(dev))
     for spec in sys.argv[1:] or ["8x512:fast,no-fold"]:
         point, names = spec.split(":")

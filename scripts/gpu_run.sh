@@ -7,7 +7,7 @@
 #   tests   every GPU test (pytest -m gpu)
 #   bench   the benchmark at B1 Q256 and B8 Q512 (vits bf16): the default Predictor beside the best rows the
 #           ladder can make, the baselines, camera frames from the host; then a B16 Q256 point
-#   roofline  the per-kernel roofline of the default Predictor's B8 Q512 forward (depthpack.bench.roofline)
+#   roofline  the per-kernel roofline of the default Predictor's B8 Q512 forward (scripts/roofline.py)
 #   cpp     a vits bf16 export with the default recipe, checked and timed by the C++ runner (CPP_POINTS, BxQ);
 #           CPP_FRAMES=Q adds B1 packages of 640x480 bgr8 frames and times the runner's raw frame loop
 #   bag     python -m depthpack.bag run over a synthetic recording with the default Predictor: per-frame latency
@@ -55,7 +55,23 @@ if has tests; then
   timeout "${TEST_S:-330}" $PY -m pytest -m gpu ${TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider --tb=short -n "${XDIST:-8}" \
     --dist load --durations=15 --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG"
-  cp "$W/gpu_tests.xml" "$OUT/" 2>/dev/null  # back even if a later step outruns the call
+  $PY - "$W/gpu_tests.xml" "$OUT/h200_gpu_tests.json" <<'PYEOF'  # every GPU test: outcome, seconds, why skipped
+import json, subprocess, sys, torch, triton, xml.etree.ElementTree as ET
+tests = []
+for c in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+    bad = c.find("failure") if c.find("failure") is not None else c.find("error")
+    skip = c.find("skipped")
+    row = {"test": f"{c.get('classname')}::{c.get('name')}", "seconds": round(float(c.get("time", 0)), 1),
+           "outcome": "failed" if bad is not None else "skipped" if skip is not None else "passed"}
+    if skip is not None or bad is not None:
+        row["why"] = ((skip if skip is not None else bad).get("message") or "")[:300]
+    tests.append(row)
+n = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "skipped")}
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+json.dump({"what": "every GPU test (pytest -m gpu -n 8 over tests/) on one device call (scripts/gpu_run.sh)",
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "commit": commit, **n, "tests": sorted(tests, key=lambda t: t["test"])}, open(sys.argv[2], "w"), indent=1)
+PYEOF
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$W/logs/gpu_tests.log" | tail -30 | tee -a "$LOG"
 fi
 
@@ -77,7 +93,7 @@ fi
 
 if has roofline; then
   step "roofline: vits bf16 B8 Q512, the default Predictor"
-  timeout "${ROOFLINE_S:-120}" $PY -m depthpack.bench.roofline --preset vits --batch 8 --queries 512 --out "$W/roofline" \
+  timeout "${ROOFLINE_S:-120}" $PY scripts/roofline.py --preset vits --batch 8 --queries 512 --out "$W/roofline" \
     >"$W/logs/roofline.log" 2>&1
   echo "roofline exit $?" | tee -a "$LOG"
   grep -E "^Ceilings|^\| (gemm|attention|triton|select|layernorm)" "$W/roofline/roofline.md" 2>/dev/null | cut -c1-300 | tee -a "$LOG"

@@ -74,7 +74,7 @@ cat "$WORK/render_thr.log" "$WORK/render.log" 2>/dev/null | grep '^{' | tee -a "
 
 step "2. throughput, batch $THR_BATCHES, ${THR_SEC}s of steps each, on a quiet host"
 if [ -f "$WORK/thr_ready" ]; then
-  timeout $THR_S $PY -m depthpack.train.throughput --config $CFG "${COMMON[@]}" data.num_samples=$THR_N \
+  timeout $THR_S $PY scripts/train_throughput.py --config $CFG "${COMMON[@]}" data.num_samples=$THR_N \
     --batch $THR_BATCHES --seconds $THR_SEC --out "$OUT/throughput.json" --work "$WORK/thr" 2>&1 \
     | quiet | grep -v '^{"config"' | tee -a "$LOG"
 else

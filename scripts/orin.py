@@ -11,7 +11,7 @@ are fitted to the H200's measured profile and latencies, then moved to the Orins
 SMs, tensor rates and bandwidths, with the Orin-side efficiency fitted to published TensorRT
 latencies of Depth Anything Small. The H200 measurements are docs/results/h200_calibration.json and
 docs/results/h200_profile.json; the method and the tables are in docs/orin.md. --profile takes what
-depthpack.bench.profile writes as profile.json.
+scripts/gpu_profile.py writes as profile.json.
 """
 from __future__ import annotations
 
@@ -456,7 +456,7 @@ def breakdown_us(ks: list[Kernel], dev: Device, p: Params, busy: bool = True) ->
     return out
 
 
-# profiler category (depthpack.bench.profile) -> inventory categories
+# profiler category (scripts/gpu_profile.py) -> inventory categories
 PROFILE_CATEGORIES = {"gemm": ("gemm",), "attention": ("attention",), "select/topk": ("topk", "select"),
                       "triton fused": ("norm", "pointwise"), "layernorm/elementwise": ("norm", "pointwise"),
                       "conv (anchors)": ("conv",)}

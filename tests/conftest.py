@@ -49,3 +49,22 @@ def with_buckets(model, buckets):
     same = copy.deepcopy(model)
     same.cfg = dataclasses.replace(same.cfg, buckets=tuple(buckets))
     return same
+
+
+def load_script(name: str):
+    """scripts/NAME.py as a module (the scripts are run by path, not installed), cached once loaded; its own
+    folder on sys.path as when it runs, for the scripts that import each other."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if name in sys.modules:
+        return sys.modules[name]
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    if str(scripts) not in sys.path:
+        sys.path.append(str(scripts))
+    spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -24,7 +24,7 @@ EVAL = [sys.executable, "-m", "depthpack.eval"]
 EXPORT = [sys.executable, str(ROOT / "export" / "export.py")]
 BENCH = [sys.executable, "-m", "depthpack.bench"]
 DATA = [sys.executable, "-m", "depthpack.data"]
-DEMO = [sys.executable, "-m", "depthpack.demo"]
+DEMO = [sys.executable, str(ROOT / "scripts" / "demo.py")]
 FAST = ["progress=false", "threads=1", "eval_images=1", "data.num_samples=8"]  # train overrides of every case
 
 
@@ -149,7 +149,7 @@ CASES = [
                                           "bench", "bag"], "is a file, not a folder"),
 ]
 NAMES = {"train": "train", "depthpack.eval": "eval", "export": "export", "depthpack.bench": "bench",
-         "depthpack.data": "data", "depthpack.demo": "demo"}
+         "depthpack.data": "data", "demo.py": "demo"}
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ STARTS = [("train", ["-m", "depthpack.train", "--config", str(TINY)]), ("train",
           ("eval", ["-m", "depthpack.eval", "--checkpoint", "runs/x"]), ("bench", ["-m", "depthpack.bench"]),
           ("export", ["-m", "depthpack.export", "--preset", "tiny", "--out", "x"]),
           ("export", [str(ROOT / "export" / "export.py"), "--preset", "tiny", "--out", "x"]),
-          ("bag", ["-m", "depthpack.bag", "info", "x"]), ("demo", ["-m", "depthpack.demo", "--out", "x"]),
+          ("bag", ["-m", "depthpack.bag", "info", "x"]), ("demo", [str(ROOT / "scripts" / "demo.py"), "--out", "x"]),
           ("data", ["-m", "depthpack.data", "--figure", "x.png"])]
 
 

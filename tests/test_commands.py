@@ -15,7 +15,7 @@ except ImportError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("train", "eval", "export", "bench", "demo", "bag")
+COMMANDS = ("train", "eval", "export", "bench", "bag")
 
 
 def scripts() -> dict[str, str]:

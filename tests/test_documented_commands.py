@@ -56,7 +56,7 @@ RULES = [
     (r"depthpack\.train\s.*configs/(demo|scale|vits_\w+)\.yaml|depthpack\.bench\s.*--preset\s+vits|depthpack\.demo\s",
      ARGS, "trains or benchmarks a full-size model: minutes to hours on 2 CPU cores"),
     (r"\s/(tmp|data)/|=/(tmp|data)/", ARGS, "writes under /tmp or /data, outside the test's folder"),
-    (r"--profile\s", ARGS, "needs a profile measured on a GPU (python -m depthpack.bench.profile)"),
+    (r"--profile\s", ARGS, "needs a profile measured on a GPU (python scripts/gpu_profile.py)"),
     (r"^python3?\s+-m\s+depthpack\.\w+|^python3?\s+(train/train|export/export|scripts/\w+)\.py\s*|^cp\s|^cmake\s"
      r"|^deploy_cpp/build/depthpack_run\s|^[\w+]+\s+--version$", RUN, "runs on the stand-ins"),
 ]
@@ -202,7 +202,7 @@ def _bag(path: Path, n: int = 3) -> None:
 
 
 def _checkpoint(out: Path, extra: list[str] = ()) -> Path:
-    from depthpack.demo import untrained_checkpoint
+    from depthpack.train.run_folder import untrained_checkpoint
 
     return untrained_checkpoint(str(ROOT / "configs" / "tiny.yaml"), out, [*TINY_OVERRIDES, *extra])
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 
-CONTEXTS = ("thumbnail", "glance", "pooled")
+CONTEXTS = ("thumbnail", "glance")
 QUERY_HEADS = ("direct", "residual")
 
 
@@ -33,9 +33,9 @@ class ModelConfig:
     # anchors: A fixed context tokens that see the whole image, beside cls in every buffer
     context: str = "thumbnail"  # how they are made: "thumbnail" (anchor_grid**2 tokens, a square thumbnail),
     #   "glance" (glance_grid tokens: the image box-downsampled, each region one patch, at its centre's position
-    #   plus a learned scale embedding) or "pooled" (glance_grid tokens: the patch embeddings averaged per region)
+    #   plus a learned scale embedding)
     anchor_grid: int = 8  # context "thumbnail": A = anchor_grid**2
-    glance_grid: tuple[int, int] = (12, 16)  # context "glance" / "pooled": (rows, columns) of regions, A = rows*cols
+    glance_grid: tuple[int, int] = (12, 16)  # context "glance": (rows, columns) of regions, A = rows*cols
     registers: int = 0  # learned tokens always in the buffer (DINOv2 with registers): [cls | registers | anchors | patches]
     buckets: tuple[int, ...] = (64, 128, 256, 512, 1024)  # capacity ladder (patch slots)
     head_dim: int = 128  # hidden width of the query head

@@ -21,6 +21,7 @@ cfg.focal_default. A model without canonical_focal ignores focal. The static cor
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from pathlib import Path
 
@@ -226,7 +227,7 @@ class DepthPack(nn.Module):
             anchor_pos = resample_abs_pos_embed(self.backbone.pos_embed.detach()[:, 1:], new_size=(g, g),
                                                 old_size=(gh, gw), num_prefix_tokens=0) if g else torch.zeros(1, 0, cfg.embed_dim)
             self.anchor_pos = nn.Parameter(anchor_pos.clone())
-        else:  # glance / pooled: the patches' own position embedding at each region, plus a scale embedding
+        else:  # glance: the patches' own position embedding at each region, plus a scale embedding
             self.anchor_scale = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
         if cfg.registers:
             self.registers = nn.Parameter(torch.randn(1, cfg.registers, cfg.embed_dim) * 0.02)
@@ -247,7 +248,6 @@ class DepthPack(nn.Module):
         self.register_buffer("spread_rank", spread_rank(gh, gw), persistent=False)
         self.register_buffer("spread_order", torch.argsort(self.spread_rank, descending=True), persistent=False)
         self.folded_embedding: nn.ParameterList | None = None  # fold_input_: (weight, bias) over raw pixels
-        self.use_anchors = True  # evaluation switch: same weights, A = 0 when off
         self.selection = REFERENCE.selection  # how select() ranks patches (core.fast); deployed() sets the recipe's
 
     def deployed(self, recipe: Recipe, device=None, dtype: torch.dtype | None = None) -> "DepthPack":
@@ -266,9 +266,9 @@ class DepthPack(nn.Module):
         return model.eval()
 
     # ---- pieces ---------------------------------------------------------------------------------
-    @property
-    def num_prefix(self) -> int:
-        return self.cfg.num_prefix - (0 if self.use_anchors else self.cfg.num_anchors)
+    def num_prefix(self, anchors: bool = True) -> int:
+        """Tokens before the patches: cls, registers and (anchors) the anchors."""
+        return self.cfg.num_prefix - (0 if anchors else self.cfg.num_anchors)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         # float RGB [0,1] (any float dtype) -> normalized, in the model's dtype
@@ -331,16 +331,12 @@ class DepthPack(nn.Module):
         pos = self.patch_pos(gh, gw).expand(B, -1, -1)
         return tok + torch.gather(pos, 1, index.unsqueeze(-1).expand(-1, -1, pos.shape[-1]))
 
-    def anchors(self, x: torch.Tensor) -> torch.Tensor:
+    def anchors(self, x: torch.Tensor, on: bool = True) -> torch.Tensor:
         """A context tokens that see the whole image (cfg.context), x normalized [B,3,H,W] -> [B,A,D]."""
         B, cfg = x.shape[0], self.cfg
-        if not (self.use_anchors and cfg.num_anchors):
+        if not (on and cfg.num_anchors):
             return x.new_zeros(B, 0, cfg.embed_dim)
         p = cfg.patch_size
-        if cfg.context == "pooled":  # every patch embedded (no blocks), then averaged over each region
-            gh, gw = self.grid_of(x)
-            tok = self.embed_patches(x, None).transpose(1, 2).reshape(B, -1, gh, gw)  # [B,D,gh,gw]
-            return F.adaptive_avg_pool2d(tok, cfg.glance_grid).flatten(2).transpose(1, 2) + self.anchor_scale
         if cfg.context == "glance":  # each region box-filtered to one patch of p x p pixels
             rh, rw = cfg.glance_grid
             thumb = F.interpolate(x, size=(rh * p, rw * p), mode="area")
@@ -356,13 +352,13 @@ class DepthPack(nn.Module):
         # the patch-embedding conv as a GEMM over the thumbnail's patches (cuDNN's conv is slow at this shape)
         return self.embed(patchify(thumb, p)) + self.anchor_pos
 
-    def prefix(self, x: torch.Tensor) -> torch.Tensor:
-        # cls (+ its position), registers, anchors: [B, num_prefix, D]
+    def prefix(self, x: torch.Tensor, anchors: bool = True) -> torch.Tensor:
+        # cls (+ its position), registers, anchors (when on): [B, num_prefix, D]
         B = x.shape[0]
         parts = [(self.backbone.cls_token + self.backbone.pos_embed[:, :1]).expand(B, -1, -1)]
         if self.cfg.registers:
             parts.append(self.registers.expand(B, -1, -1))
-        return torch.cat(parts + [self.anchors(x)], dim=1)
+        return torch.cat(parts + [self.anchors(x, anchors)], dim=1)
 
     def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         # tokens [B,S,D] -> [B,S,D]: the backbone's blocks (the recipe's once deployed; hybrid blocks carry a
@@ -404,17 +400,18 @@ class DepthPack(nn.Module):
         return f * (focal_factor(tuple(images.shape[-2:]), cfg.img_size) / float(cfg.canonical_focal))
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
-    def encode(self, images: torch.Tensor, index: torch.Tensor | None = None,
-               attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode(self, images: torch.Tensor, index: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+               anchors: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """images [B,3,H,W] in [0,1] -> (features [B,S,D] of the patches in index (None: all N, row-major),
         features [B,A,D] of the glance tokens or None), after the prefix (cls, registers, anchors) + those
-        patches ran through the blocks (attn_mask over every key)."""
+        patches ran through the blocks (attn_mask over every key); anchors=False: the same weights without the
+        anchors (an evaluation of what they bring)."""
         x = self.embedding_input(images)
-        pre = self.prefix(x)  # [B,P,D]
+        pre = self.prefix(x, anchors)  # [B,P,D]
         tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,P+S,D]
         out = self.run_blocks(tokens, attn_mask)
         glance = None
-        if self.glance_head is not None and self.use_anchors:
+        if self.glance_head is not None and anchors:
             start = 1 + self.cfg.registers
             glance = out[:, start:start + self.cfg.num_anchors]
         return out[:, pre.shape[1]:], glance
@@ -435,7 +432,7 @@ class DepthPack(nn.Module):
             return self.head.decode(htok, points, scale)
         if glance is None:
             raise ValueError("the residual query head corrects the glance depth: it needs the glance tokens "
-                             "(use_anchors on)")
+                             "(anchors on)")
         logd = self.glance_head.log_depth(self.glance_head.token_features(glance), points, hw)
         logd = logd + self.head.residual(htok, points)
         return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True)
@@ -449,9 +446,9 @@ class DepthPack(nn.Module):
         return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True).view(B, *self.cfg.glance_map_size)
 
     def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
-                       focal: torch.Tensor | None = None) -> torch.Tensor:
+                       focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Packed path for Q <= bucket queries: cls + anchors + the selected patches. -> depth [B,Q]."""
-        return self._packed(images, points, bucket, focal)[0]
+        return self._packed(images, points, bucket, focal, anchors)[0]
 
     def forward_packed_map(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
                            focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -459,63 +456,64 @@ class DepthPack(nn.Module):
         depth, glance, scale = self._packed(images, points, bucket, focal)
         return depth, self.glance_map(glance, tuple(images.shape[-2:]), scale)
 
-    def _packed(self, images, points, bucket, focal):
+    def _packed(self, images, points, bucket, focal, anchors: bool = True):
         index, slot = self.select(images, points, bucket)
-        feats, glance = self.encode(images, index)
+        feats, glance = self.encode(images, index, anchors=anchors)
         scale = self.focal_scale(images, focal)
         return self.forward_head(feats, slot, points, scale, glance, tuple(images.shape[-2:])), glance, scale
 
     def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
-                            focal: torch.Tensor | None = None) -> torch.Tensor:
+                            focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Masked baseline: all 1+A+N tokens, keys restricted to the packed selection."""
         index, _ = self.select(images, points, bucket)
         grid = self.grid_of(images)
-        keep = key_mask_from_index(index, grid[0] * grid[1], self.num_prefix)  # [B,1+A+N] bool
+        keep = key_mask_from_index(index, grid[0] * grid[1], self.num_prefix(anchors))  # [B,1+A+N] bool
         # additive mask, finfo.min rather than -inf so no row can turn into NaN (timm's habit)
         dtype = self.mean.dtype
         attn_mask = torch.zeros(keep.shape, dtype=dtype, device=images.device)
         attn_mask = attn_mask.masked_fill(~keep, torch.finfo(dtype).min)[:, None, None, :]
-        feats, glance = self.encode(images, None, attn_mask)  # [B,N,D]
+        feats, glance = self.encode(images, None, attn_mask, anchors)  # [B,N,D]
         return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, grid), points,
                                  self.focal_scale(images, focal), glance, tuple(images.shape[-2:]))
 
     def forward_dense_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None = None,
-                           focal: torch.Tensor | None = None) -> torch.Tensor:
+                           focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Dense path at points: every token, no mask (bucket unused: the same signature as the others)."""
-        feats, glance = self.encode(images)
+        feats, glance = self.encode(images, anchors=anchors)
         return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, self.grid_of(images)), points,
                                  self.focal_scale(images, focal), glance, tuple(images.shape[-2:]))
 
     # ---- public, checked API --------------------------------------------------------------------
-    def forward(self, images: torch.Tensor, points, focal=None) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, points, focal=None, anchors: bool = True) -> torch.Tensor:
         """Packed path: depth [B,Q] float32 meters at each (x, y) point. focal: None, a number or [B]
-        pixels (0 = unknown); see the module docstring."""
+        pixels (0 = unknown); see the module docstring. anchors=False: without the anchors (evaluation)."""
         images, points = check_inputs(images, points, self.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
-        return run_chunked(self.forward_packed, images, points, self.cfg.buckets, focal)
+        return run_chunked(functools.partial(self.forward_packed, anchors=anchors), images, points, self.cfg.buckets, focal)
 
-    def forward_masked(self, images: torch.Tensor, points, focal=None) -> torch.Tensor:
+    def forward_masked(self, images: torch.Tensor, points, focal=None, anchors: bool = True) -> torch.Tensor:
         images, points = check_inputs(images, points, self.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
-        return run_chunked(self.forward_masked_core, images, points, self.cfg.buckets, focal)
+        return run_chunked(functools.partial(self.forward_masked_core, anchors=anchors), images, points,
+                           self.cfg.buckets, focal)
 
-    def forward_dense(self, images: torch.Tensor, points=None, focal=None) -> torch.Tensor:
+    def forward_dense(self, images: torch.Tensor, points=None, focal=None, anchors: bool = True) -> torch.Tensor:
         """All tokens, no mask. With points: depth [B,Q]; without: a full-resolution map [B,H,W]."""
         if points is None:
             images = check_images(images, self.cfg.patch_size)
-            return self.depth_map(images, check_focal(focal, images.shape[0], images.device))
+            return self.depth_map(images, check_focal(focal, images.shape[0], images.device), anchors)
         images, points = check_inputs(images, points, self.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
         if points.shape[1] == 0:
             return torch.zeros(images.shape[0], 0, device=images.device)
-        return self.forward_dense_core(images, points, None, focal)
+        return self.forward_dense_core(images, points, None, focal, anchors)
 
-    def depth_map(self, images: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
+    def depth_map(self, images: torch.Tensor, focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Dense depth at every integer pixel (x, y): [B,H,W], equal to querying each pixel."""
         B, _, H, W = images.shape
         p = self.cfg.patch_size
         gh, gw = self.grid_of(images)
-        feats, glance = self.encode(images)  # [B,N,D]
+        feats, glance = self.encode(images, anchors=anchors)  # [B,N,D]
         ys, xs = torch.meshgrid(torch.arange(H, device=images.device), torch.arange(W, device=images.device), indexing="ij")
         pts = torch.stack([xs, ys], -1).float().view(1, gh, p, gw, p, 2).expand(B, -1, -1, -1, -1, -1).reshape(B, H * W, 2)
         slot = (torch.arange(gh, device=images.device).view(gh, 1, 1, 1) * gw

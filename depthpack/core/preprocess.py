@@ -122,3 +122,17 @@ def load_image(path: str | Path, size: tuple[int, int]) -> tuple[torch.Tensor, t
     """Read and preprocess one image: ([3,H,W] float32, original (h0, w0))."""
     rgb = read_rgb(path)
     return to_model_input(rgb, size), rgb.shape[:2]
+
+
+def to_model_size(model, images: torch.Tensor, points: torch.Tensor | None = None, focal: torch.Tensor | None = None):
+    """Images of another size than the model's resized to it (bilinear, antialiased: a user's downsampling),
+    their points and focal scaled alike; at the model's size everything is returned as it is."""
+    size, have = tuple(model.cfg.img_size), tuple(images.shape[-2:])
+    if have == size:
+        return images, points, focal
+    images = torch.nn.functional.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+    images = images.clamp(0.0, 1.0)  # the filter's weights are >= 0: anything past [0, 1] is their rounding
+    if points is not None:  # pixel (x, y) stays inside the image: x * W / w < W
+        points = scale_points(points, have, size).clamp(min=0).minimum(
+            torch.tensor([size[1] - 1e-3, size[0] - 1e-3], device=points.device))
+    return images, points, scale_focal(focal, have, size) if focal is not None else None

@@ -26,7 +26,7 @@ tokens per chunk, out of the N of the dense path; and the share the queried poin
 curve.png: AbsRel against that share, packed (anchors on and off) and dense on the same points;
 --image-size WxH evaluates on images of another size than the model's (each resized to the model's size,
 antialiased, its points scaled): a dense model at a reduced resolution, read at the same points as the
-full-size models; --context-diagnostic and --gap-curve: depthpack.eval.context.
+full-size models. Where the dense path's queries look and the gap over training: scripts/diagnostics.py.
 """
 from __future__ import annotations
 
@@ -38,19 +38,18 @@ from typing import Any
 import torch
 
 from ..core import cli
-from ..core.checkpoint import checkpoint_files, list_checkpoints, load_model, stored_config
+from ..core.checkpoint import checkpoint_files, load_model, stored_config
 from ..core.config import deep_merge, from_dict, load_yaml, parse_overrides, to_dict
 from ..core.model import scaled_depth
 from ..core.packing import bucket_for, pad_points, patch_of_points, run_chunked
-from ..core.preprocess import parse_frame_size
+from ..core.preprocess import parse_frame_size, to_model_size
 from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..data.datasets import make_dataset
 from ..data.queries import EDGE_THRESHOLD, check_band, edge_band, sample_queries
 from ..data.config import DataConfig
-from .context import context_diagnostic, diagnostic_markdown, to_model_size
 from .metrics import MetricAccumulator, si_boundary_f1
-from .viz import depth_figure, gap_figure
+from .viz import depth_figure
 
 METRICS = ("abs_rel", "sq_rel", "rmse", "rmse_log", "log10", "silog", "d1", "d2", "d3")  # table column order
 PATHS = ("packed", "masked", "dense", "glance")  # glance: the glance depth at the points, from the packed buffer
@@ -60,7 +59,7 @@ POINT_SETS = {"uniform": ("uniform",), "edge": ("edge",), "both": ("uniform", "e
 @dataclass
 class EvalSettings:
     queries: tuple[int, ...] = (16, 64, 256)  # query counts per image
-    anchors: tuple[bool, ...] = (True, False)  # model.use_anchors settings (same weights)
+    anchors: tuple[bool, ...] = (True, False)  # with and without the anchors (same weights)
     paths: tuple[str, ...] = PATHS[:3]
     median_scaling: bool = False  # per-image median scaling (for relative-depth models)
     edge_frac: float = 0.0  # share of query points drawn at image edges; 0 = uniform over valid pixels
@@ -104,17 +103,18 @@ def _at(points: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return m[points[:, 1].long(), points[:, 0].long()]
 
 
-def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
+def run_path(model, path: str, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None,
+             anchors: bool = True) -> torch.Tensor:
     """images [B,3,H,W], points [B,Q,2], focal [B] or None -> depth [B,Q] through the named path (checked
-    forwards); images of another size than the model's are resized first (to_model_size)."""
+    forwards), with or without the anchors; images of another size than the model's are resized first."""
     images, points, focal = to_model_size(model, images, points, focal)
     with torch.inference_mode():
         if path == "packed":
-            return model(images, points, focal).float()
+            return model(images, points, focal, anchors).float()
         if path == "masked":
-            return model.forward_masked(images, points, focal).float()
+            return model.forward_masked(images, points, focal, anchors).float()
         if path == "dense":
-            return model.forward_dense(images, points, focal).float()
+            return model.forward_dense(images, points, focal, anchors).float()
         if path == "glance":
             return glance_at_points(model, images, points, focal)
     raise ValueError(f"unknown path {path!r}; choose from {PATHS}")
@@ -155,7 +155,8 @@ def focal_report(focals: list[float], s: "EvalSettings", model) -> dict[str, Any
     return out
 
 
-def run_packed_on(model, k: int, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor:
+def run_packed_on(model, k: int, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None,
+                  anchors: bool = True) -> torch.Tensor:
     """The packed path with a K-slot buffer for Q <= K queries (the points padded as every runner pads
     them): the same queries with more context tokens. -> depth [B,Q]."""
     q = points.shape[1]
@@ -163,7 +164,7 @@ def run_packed_on(model, k: int, images: torch.Tensor, points: torch.Tensor, foc
     with torch.inference_mode():
         images, points = check_inputs(images, points, model.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
-        return model.forward_packed(images, pad_points(points, k), k, focal)[:, :q].float()
+        return model.forward_packed(images, pad_points(points, k), k, focal, anchors)[:, :q].float()
 
 
 # ---- the evaluation -----------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def band_radius(model, image_hw: tuple[int, int], s: EvalSettings) -> int:
 
 
 def anchor_settings(model, s: EvalSettings) -> tuple[bool, ...]:
-    """The use_anchors settings to run: s.anchors; one for a model without anchors (off) or one whose
+    """The anchor settings to run: s.anchors; one for a model without anchors (off) or one whose
     answer needs them (on: a residual head corrects the glance depth)."""
     if not model.cfg.num_anchors:
         return (False,)
@@ -201,7 +202,6 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
 
     n = len(dataset) if s.max_images is None else min(len(dataset), s.max_images)
     device = next(model.parameters()).device
-    was_anchors = model.use_anchors
     bands = POINT_SETS[s.points]
     per: dict[tuple, MetricAccumulator] = {}
     targets: dict[tuple, list[torch.Tensor]] = {(b, q): [] for b in bands for q in s.queries}
@@ -230,7 +230,6 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
                 dense_map_update(model, samples, s, maps, device)
             bar.update(len(samples))
     finally:
-        model.use_anchors = was_anchors
         bar.close()
     out_bands = {}
     for band in bands:
@@ -273,15 +272,14 @@ def _evaluate_points(model, kept: list, band: str, q: int, s: EvalSettings, devi
         pidx = patch_of_points(mpoints.cpu(), model.cfg.patch_size, grid)
         queried[q] += [len(set(r.tolist())) / (grid[0] * grid[1]) for r in pidx]
     for a in anchor_settings(model, s):
-        model.use_anchors = a
         for path in s.paths:
             if path == "glance" and not a:
                 continue
-            pred = run_path(model, path, images, points, focal).cpu()
+            pred = run_path(model, path, images, points, focal, a).cpu()
             per.setdefault((band, path, a, q), MetricAccumulator("image", s.median_scaling)).update(pred, gt, batched=True)
         for k in s.context:
             if k > bucket_for(min(q, model.cfg.buckets[-1]), model.cfg.buckets) and q <= k:
-                pred = run_packed_on(model, k, images, points, focal).cpu()
+                pred = run_packed_on(model, k, images, points, focal, a).cpu()
                 acc = per.setdefault((band, f"packed@{k}", a, q), MetricAccumulator("image", s.median_scaling))
                 acc.update(pred, gt, batched=True)
 
@@ -300,39 +298,15 @@ def constant_rows(band: str, s: EvalSettings, targets: dict) -> list[dict[str, A
     return const
 
 
-def gap_curve(run_dir: str | Path, dataset_for, queries: tuple[int, ...], max_images: int, device: str,
-              seed: int = 0) -> list[dict[str, Any]]:
-    """Packed and dense AbsRel (anchors on) at each Q for every complete checkpoint of the run, oldest first.
-    dataset_for(model) gives the held-out data at that model's size."""
-    from tqdm import tqdm
-
-    ckpts = list_checkpoints(run_dir)
-    if not ckpts:
-        raise ValueError(f"--gap-curve: {run_dir} holds no checkpoint")
-    out, ds = [], None
-    for c in tqdm(ckpts, desc="checkpoints"):
-        model = load_model(c, device=device)
-        ds = ds or dataset_for(model)
-        s = EvalSettings(queries=queries, anchors=(True,), paths=("packed", "dense"), max_images=max_images, seed=seed,
-                         figure_images=0, progress=False)
-        summary = evaluate(model, ds, s)["summary"]
-        step = int(c.name.split("_")[-1]) if c.name.split("_")[-1].isdigit() else len(out)
-        out.append({"checkpoint": c.name, "step": step, **{key: {"packed": e["packed_abs_rel"], "dense": e["dense_abs_rel"],
-                                                                  "gap": e.get("packed_vs_dense_rel")}
-                                                            for key, e in summary.items()}})
-    return out
-
-
 def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, chunk: int = 4) -> None:
     """The dense map (every pixel) against every valid pixel in the crop, per image, per anchor setting;
     and its scale-invariant boundary F1 against the ground truth (Depth Pro's)."""
     for a in anchor_settings(model, s):
-        model.use_anchors = a
         m = maps.setdefault(a, {"acc": MetricAccumulator("image", s.median_scaling), "f1": []})
         for c in range(0, len(samples), chunk):  # a map decodes H*W points: a few images at a time
             part = [smp for _, smp in samples[c:c + chunk]]
             images = torch.stack([smp["image"] for smp in part]).to(device)
-            dmap = dense_map(model, images, sample_focal(part, s.focal, device))
+            dmap = dense_map(model, images, sample_focal(part, s.focal, device), a)
             for smp, pred in zip(part, dmap):
                 mask = smp["valid"] & smp["eval_mask"]
                 if bool(mask.any()):
@@ -340,11 +314,11 @@ def dense_map_update(model, samples: list, s: EvalSettings, maps: dict, device, 
                     m["f1"].append(si_boundary_f1(pred, smp["depth"], mask))
 
 
-def dense_map(model, images: torch.Tensor, focal: torch.Tensor | None) -> torch.Tensor:
+def dense_map(model, images: torch.Tensor, focal: torch.Tensor | None, anchors: bool = True) -> torch.Tensor:
     """The dense path's map [B,h,w] at the images' own size (a model of another size: resized back)."""
     mimages, _, mfocal = to_model_size(model, images, None, focal)
     with torch.inference_mode():
-        dmap = model.forward_dense(mimages, None, mfocal).float()
+        dmap = model.forward_dense(mimages, None, mfocal, anchors).float()
     if dmap.shape[-2:] != images.shape[-2:]:
         dmap = torch.nn.functional.interpolate(dmap[:, None], size=images.shape[-2:], mode="bilinear",
                                                align_corners=False)[:, 0]
@@ -387,8 +361,8 @@ def summarize(rows: list[dict], const: list[dict]) -> dict[str, Any]:
 
 
 def quick_eval(model, dataset, q: int, max_images: int, seed: int = 0) -> dict[str, float]:
-    """Packed-path metrics (anchors as the model has them) + the best constant's AbsRel; for training logs."""
-    s = EvalSettings(queries=(q,), anchors=(model.use_anchors,), paths=("packed",), max_images=max_images,
+    """Packed-path metrics + the best constant's AbsRel; for training logs."""
+    s = EvalSettings(queries=(q,), anchors=(True,), paths=("packed",), max_images=max_images,
                      seed=seed, figure_images=0, progress=False)
     r = evaluate(model, dataset, s)
     out = {k: r["rows"][0][k] for k in METRICS} if r["rows"] else {}
@@ -543,7 +517,7 @@ def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
         gt = torch.where(smp["valid"], smp["depth"], torch.zeros_like(smp["depth"]))
         name = "eval.png" if not paths else f"eval_{i}.png"
         paths.append(depth_figure(Path(out) / name, smp["image"], gt, dense, pts, pred, _at(pts, smp["depth"]),
-                                  title=f"{smp.get('name', i)}: packed Q={q}, anchors {'on' if model.use_anchors else 'off'}"))
+                                  title=f"{smp.get('name', i)}: packed Q={q}"))
     return paths
 
 
@@ -580,20 +554,6 @@ def data_config(checkpoint: str | Path, data_yaml: str | None, overrides: list[s
     if extra:
         raise ValueError(f"overrides must be data.KEY=VALUE, got key(s) {extra}")
     return from_dict(DataConfig, deep_merge(base, over.get("data", {})))
-
-
-def gap_main(a, out: Path, dataset_for, device: str) -> dict[str, Any]:
-    """--gap-curve: packed vs dense at every checkpoint of the run; gap.json, gap.md and gap.png in out."""
-    curve = gap_curve(a.checkpoint, dataset_for, tuple(a.queries), a.max_images or 128, device, a.seed)
-    atomic_write_json(out / "gap.json", {"run": str(a.checkpoint), "curve": curve}, sort_keys=False)
-    keys = [k for k in curve[0] if k.startswith("q")]
-    lines = ["| step | " + " | ".join(f"{k}: packed / dense / gap" for k in keys) + " |", "|---" * (1 + len(keys)) + "|"]
-    fmt = lambda e: f"{e['packed']:.4f} / {e['dense']:.4f} / {100 * e['gap']:+.1f}%"  # noqa: E731
-    lines += [f"| {r['step']} | " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in curve]
-    atomic_write_text(out / "gap.md", "\n".join(lines) + "\n")
-    gap_figure(curve, out / "gap.png")
-    print("\n".join(lines))
-    return {"curve": curve}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -638,12 +598,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--image-size", type=parse_frame_size, default=None, metavar="WxH",
                     help="evaluate on images of this size (default: the model's): each is resized to the model's "
                          "size and its points scaled, e.g. a reduced-resolution dense model against full-size ones")
-    ap.add_argument("--context-diagnostic", type=int, nargs="?", const=256, default=None, metavar="Q",
-                    help="also where the dense path's query tokens look at Q queries (default 256): attention mass on "
-                         "the prefix, the packed buffer and the patches it leaves out, per block (depthpack.eval.context)")
-    ap.add_argument("--gap-curve", action="store_true",
-                    help="only this: packed vs dense AbsRel for every checkpoint of the run folder --checkpoint, "
-                         "against the step (gap.json, gap.png)")
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -678,8 +632,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mc = model.cfg
         return make_dataset(dcfg, split=a.split, img_size=a.image_size or mc.img_size, min_depth=mc.min_depth,
                             max_depth=mc.max_depth)
-    if a.gap_curve:
-        return gap_main(a, out, dataset_for, device)
     model = load_model(a.checkpoint, device=device)
     mc = model.cfg
     ds = dataset_for(model)
@@ -693,14 +645,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cdir, weights = checkpoint_files(a.checkpoint)
     result.update(checkpoint=str(cdir), weights=str(weights), data=to_dict(dcfg), split=a.split, model=to_dict(mc),
                   image_size=list(a.image_size or mc.img_size))
-    if a.context_diagnostic is not None:
-        q = a.context_diagnostic
-        result["context_diagnostic"] = context_diagnostic(model, ds, q, lambda smp, i: eval_points(smp, q, a.seed, i),
-                                                          a.max_images or 32)
     atomic_write_json(out / "eval.json", result, sort_keys=False)
     md = to_markdown(result, f"depthpack accuracy: {weights}, {dcfg.kind} {a.split}") + extra_markdown(result)
-    if a.context_diagnostic is not None:
-        md += diagnostic_markdown(result["context_diagnostic"])
     atomic_write_text(out / "eval.md", md)
     pngs = figure(model, ds, s, out) if s.figure_images else []
     if a.curve:

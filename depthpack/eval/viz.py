@@ -121,24 +121,3 @@ def selection_figure(path: str | Path, model, image: torch.Tensor, points: torch
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
-
-
-def gap_figure(curve: list[dict[str, Any]], path: str | Path) -> Path:
-    """Packed vs dense (relative AbsRel gap, %) against the training step, one line per Q."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for key in [k for k in curve[0] if k.startswith("q")]:
-        pts = [(r["step"], 100 * r[key]["gap"]) for r in curve if r[key]["gap"] is not None]
-        if pts:
-            ax.plot(*zip(*pts), "o-", label=f"Q={key[1:]}")
-    ax.axhline(0, color="gray", lw=0.8)
-    ax.set(xlabel="training step", ylabel="packed vs dense AbsRel (%)", title="the packing gap over training")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path

@@ -115,3 +115,14 @@ def resume_point(out: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return f"{out} holds no complete checkpoint yet (resume=true starts from step 0)"
     return f"{out} keeps its checkpoints up to step {step} (resume=true continues from it)"
+
+
+def untrained_checkpoint(config: str, out: Path, overrides: list[str] | None = None) -> Path:
+    """The config's model, untrained (seeded), as a checkpoint in out: what a GPU run compiles into packages
+    while training runs (the packages hold code, which depends on the model's shapes, not its weights)."""
+    from .config import load_train_config
+
+    cfg = load_train_config(config, overrides)
+    torch.manual_seed(cfg.seed)
+    mcfg = cfg.model_config()
+    return ckpt.save_checkpoint(out, 0, DepthPack(mcfg), {}, {"model": to_dict(mcfg), "train": to_dict(cfg)})

@@ -66,11 +66,9 @@ def test_packed_ignores_unselected_patches(tiny):
     img = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(8))
     img2 = img.clone()
     img2[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = torch.rand(3, 8, 8)
-    tiny.use_anchors = False  # anchors see a thumbnail of the whole image
-    with torch.no_grad():
-        assert torch.equal(tiny(img, pts), tiny(img2, pts))
-        assert not torch.equal(tiny.forward_dense(img, pts), tiny.forward_dense(img2, pts))
-    tiny.use_anchors = True
+    with torch.no_grad():  # without the anchors, which see a thumbnail of the whole image
+        assert torch.equal(tiny(img, pts, anchors=False), tiny(img2, pts, anchors=False))
+        assert not torch.equal(tiny.forward_dense(img, pts, anchors=False), tiny.forward_dense(img2, pts, anchors=False))
 
 
 def test_anchors_carry_global_context(tiny):
@@ -84,9 +82,7 @@ def test_anchors_carry_global_context(tiny):
         img2[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = img[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8]
     with torch.no_grad():
         assert (tiny(img, pts) - tiny(img2, pts)).abs().max() > 1e-4
-        tiny.use_anchors = False
-        assert torch.equal(tiny(img, pts), tiny(img2, pts))
-    tiny.use_anchors = True
+        assert torch.equal(tiny(img, pts, anchors=False), tiny(img2, pts, anchors=False))
 
 
 def test_depth_map_equals_queries(tiny):
@@ -327,7 +323,7 @@ def test_recipe_kernels_equal_the_plain_path(tiny, kernels, tol):
         Recipe(selection="sort")
 
 
-@pytest.mark.parametrize("over", [dict(), dict(context="glance", glance_grid=(4, 4)), dict(context="pooled", glance_grid=(2, 4))])
+@pytest.mark.parametrize("over", [dict(), dict(context="glance", glance_grid=(4, 4)), dict(context="glance", glance_grid=(2, 4))])
 def test_folded_input_normalization_is_the_same_embedding(over):
     """fold_input: the normalization folded into the patch embedding, K padded with zero columns to a multiple
     of 8 (3 * 14 * 14 = 588 -> 592 for vits), reads raw pixels and gives the normalized path's tokens in every
@@ -347,7 +343,7 @@ def test_folded_input_normalization_is_the_same_embedding(over):
     assert w.shape == (384, 592) and w[:, 588:].abs().max() == 0
 
 
-CONTEXTS = [dict(context="glance", glance_grid=(4, 4)), dict(context="pooled", glance_grid=(2, 4)),
+CONTEXTS = [dict(context="glance", glance_grid=(4, 4)), dict(context="glance", glance_grid=(2, 4)),
             dict(context="glance", glance_grid=(8, 8), registers=4), dict(context="thumbnail", registers=2)]
 
 
@@ -356,16 +352,14 @@ def test_context_tokens_keep_packed_equal_to_masked_and_dense(ctx):
     """Every context layout ([cls | registers | anchors | patches]): packed == masked exactly, every patch
     selected == dense, and the context tokens really carry the image (switched off, the answers move)."""
     m = randomize_(create_model("tiny", **ctx), seed=5).eval()
-    assert m.num_prefix == m.cfg.num_prefix == 1 + ctx.get("registers", 0) + m.cfg.num_anchors
+    assert m.num_prefix() == m.cfg.num_prefix == 1 + ctx.get("registers", 0) + m.cfg.num_anchors
     for seed in range(2):
         img, pts = rand_inputs(60 + seed, 2, 23)
         with torch.no_grad():
             packed = m(img, pts)
             torch.testing.assert_close(packed, m.forward_masked(img, pts), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(m.forward_packed(img, pts, 64), m.forward_dense(img, pts), rtol=1e-5, atol=1e-5)
-            m.use_anchors = False
-            off = m(img, pts)
-            m.use_anchors = True
+            off = m(img, pts, anchors=False)
         assert (off - packed).abs().max() > 1e-3
 
 
@@ -393,7 +387,8 @@ def test_glance_tokens_see_the_whole_image_at_their_regions():
 
 
 @pytest.mark.parametrize("over, msg", [(dict(context="glance", glance_grid=(5, 4)), "glance_grid \\(5, 4\\) must be two"),
-                                       (dict(context="pooled", glance_grid=(0, 4)), "glance_grid"),
+                                       (dict(context="glance", glance_grid=(0, 4)), "glance_grid"),
+                                       (dict(context="pooled"), "context 'pooled' must be one of"),
                                        (dict(registers=9), "registers 9 must lie in \\[0, 8\\]"),
                                        (dict(context="sparse"), "context 'sparse' must be one of")])
 def test_context_config_errors_name_the_field(over, msg):

@@ -130,33 +130,13 @@ def test_scenes_of_another_size_run_the_model_at_its_own(run_dir, tmp_path):
     torch.testing.assert_close(run_path(model, "packed", images, points), run_path(model, "packed", small, spts))
 
 
-def test_context_diagnostic_masses_and_the_gap_curve(run_dir, tmp_path):
-    """The attention masses of the query tokens sum to one per block (prefix + buffer + left out), the
-    top-norm shares too; the gap curve has one row per checkpoint, with the step from its name."""
-    r = main(["--checkpoint", str(run_dir), "--queries", "8", "--max-images", "2", "--figure-images", "0",
-              "--paths", "packed", "--anchors", "on", "--context-diagnostic", "8", "--no-progress", "--out",
-              str(tmp_path / "d")])
-    d = r["context_diagnostic"]
-    assert d["images"] == 2 and len(d["blocks"]) == 2
-    for b in d["blocks"]:
-        assert sum(b["attention"].values()) == pytest.approx(1.0, abs=1e-4)
-        assert sum(b["top_norm_tokens"].values()) == pytest.approx(1.0, abs=1e-6)
-        assert b["attention"]["left_out"] > 0  # 8 queries: most of the 64 patches are left out
-    assert "left out" in (tmp_path / "d" / "eval.md").read_text()
-    g = main(["--checkpoint", str(run_dir), "--gap-curve", "--queries", "8", "--max-images", "2",
-              "--out", str(tmp_path / "g")])
-    steps = [row["step"] for row in g["curve"]]
-    assert steps == sorted(steps) and steps[-1] == 3 and all(row["q8"]["dense"] > 0 for row in g["curve"])
-    assert (tmp_path / "g" / "gap.png").stat().st_size > 0 and (tmp_path / "g" / "gap.md").read_text().count("|") > 4
-
-
 def test_resizing_to_the_model_keeps_images_in_range():
     """The antialiased filter's weights sum to 1 only up to rounding: a white image came out a hair past 1
     (420x560 -> 252x336 on the GPU, 480x640 -> 252x336 here), which the model's input check refuses; the
     resize keeps [0, 1] and changes nothing else."""
     from types import SimpleNamespace
 
-    from depthpack.eval.context import to_model_size
+    from depthpack.core.preprocess import to_model_size
 
     images = torch.rand(2, 3, 480, 640, generator=torch.Generator().manual_seed(0))
     images[0] = 1.0  # a white frame

@@ -5,7 +5,11 @@ import json
 import pytest
 
 from depthpack.core.checkpoint import load_model
-from depthpack.demo import GPU_RECIPE, ROOT, untrained_checkpoint
+from depthpack.train.run_folder import untrained_checkpoint
+from conftest import load_script
+
+demo = load_script("demo")
+GPU_RECIPE, ROOT = demo.GPU_RECIPE, demo.ROOT
 from depthpack.train.config import load_train_config
 
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -32,7 +36,6 @@ def test_gpu_demo_compiles_packages_during_training_and_reuses_them(tmp_path, mo
     training, evaluation and the benchmark run; the export after them gives the packages the trained
     weights (--reuse-packages): the steps' commands and their order, with the steps themselves stubbed (the
     train step leaves an untrained checkpoint, from which the recording takes its size)."""
-    from depthpack import demo
 
     events = []
 
@@ -81,7 +84,6 @@ def test_bag_step_runs_the_model_over_a_recording_and_reports_it(tmp_path, monke
     """The bag step for real on the CPU (every other step skipped, an untrained checkpoint as the trained
     one): a recording at 4x the model's size, `python -m depthpack.bag run` over it, and the report's
     section with the accuracy, the per-frame latency, the decode rate and the outputs' paths."""
-    from depthpack import demo
 
     monkeypatch.setattr(demo.torch.cuda, "is_available", lambda: False)
     untrained_checkpoint(DEMO, tmp_path / "train")
@@ -102,7 +104,7 @@ def test_bag_step_runs_the_model_over_a_recording_and_reports_it(tmp_path, monke
 
 
 def test_report_shows_the_edge_band_beside_uniform():
-    from depthpack.demo import band_table
+    band_table = demo.band_table
 
     def rows(v):
         return [{"path": p, "anchors": a, "queries": q, "abs_rel": v + (0.01 if a is False else 0) + q / 1000}

@@ -1,6 +1,6 @@
 """Training throughput of a config: images/s with the data path included, and where a step's time goes.
 
-    python -m depthpack.train.throughput --config configs/scale.yaml --batch 16 64 --seconds 15 --out thr.json
+    python scripts/train_throughput.py --config configs/scale.yaml --batch 16 64 --seconds 15 --out thr.json
 
 For each batch size it runs the training loop itself (depthpack.train.train) for --seconds of steps
 (max_time_s) into a scratch folder and reads the loop's own measurement (summary.json "throughput":
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from ..core.files import atomic_write_json
-from .config import load_train_config
-from .loop import train
+from depthpack.core.files import atomic_write_json
+from depthpack.train.config import load_train_config
+from depthpack.train.loop import train
 
 
 def measure(config: str, overrides: list[str], batches: list[int], seconds: float, out: str | None,
@@ -47,7 +47,7 @@ def measure(config: str, overrides: list[str], batches: list[int], seconds: floa
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m depthpack.train.throughput", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python scripts/train_throughput.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the config")

@@ -1,7 +1,9 @@
 """The roofline's arithmetic over profiler events: FLOPs and bytes from recorded shapes, grouping, the floor."""
 import pytest
 
-from depthpack.bench.roofline import analyze, markdown, op_cost
+from conftest import load_script
+
+analyze, markdown, op_cost = (getattr(load_script("roofline"), n) for n in ("analyze", "markdown", "op_cost"))
 
 BF = "c10::BFloat16"
 
@@ -68,7 +70,7 @@ def test_analyze_groups_launches_per_forward_and_bounds_each_kernel():
 def test_the_command_needs_cuda(monkeypatch):
     import torch
 
-    from depthpack.bench import roofline
+    roofline = load_script("roofline")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         roofline.main(["--out", "unused"])

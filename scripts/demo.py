@@ -19,11 +19,11 @@ the rest.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # python -m depthpack.demo: the imports below (torch) inside the one-line contract
+if __name__ == "__main__":  # python scripts/demo.py: the imports below (torch) inside the one-line contract
     import sys as _sys
 
     from depthpack.core import cli as _cli
-    _sys.exit(_cli.run("demo", _cli.lazy("depthpack.demo:cli_main")))
+    _sys.exit(_cli.run("demo", _cli.lazy("demo:cli_main")))  # this file, importable as demo from scripts/
 
 import argparse
 import json
@@ -37,8 +37,9 @@ from pathlib import Path
 
 import torch
 
-from .core import cli
-from .core.files import check_writable_dir
+from depthpack.core import cli
+from depthpack.core.files import check_writable_dir
+from depthpack.train.run_folder import untrained_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 # On a GPU the CPU recipe's data path (samples drawn on the host) leaves the GPU waiting: the same
@@ -132,21 +133,6 @@ def last_json(log: Path) -> dict:
     return {}
 
 
-def untrained_checkpoint(config: str, out: Path, overrides: list[str] | None = None) -> Path:
-    """The recipe's model, untrained (seeded), as a checkpoint in out: what the GPU demo compiles into
-    packages while training runs (the packages hold code, which depends on the model's shapes, not its
-    weights, and their compile is the demo's longest step: docs/performance.md)."""
-    from .core.checkpoint import save_checkpoint
-    from .core.config import to_dict
-    from .core.model import DepthPack
-    from .train.config import load_train_config
-
-    cfg = load_train_config(config, overrides)
-    torch.manual_seed(cfg.seed)
-    mcfg = cfg.model_config()
-    return save_checkpoint(out, 0, DepthPack(mcfg), {}, {"model": to_dict(mcfg), "train": to_dict(cfg)})
-
-
 def evaluate(ckpt: Path, out: Path, logs: Path, skip: list[str], times: dict[str, float]) -> None:
     """Accuracy of the packed, masked and dense paths on held-out scenes, and the selection figure."""
     if "eval" in skip:
@@ -177,8 +163,8 @@ def recording(ckpt: Path, out: Path, logs: Path, device: str, frames: int, times
     depth and CameraInfo at 4x the model's size, written as a ROS 2 MCAP bag), then `python -m
     depthpack.bag run` over it with the trained checkpoint. Returns the run's report (OUT.json: accuracy at
     the queried points against the bag's depth, per-frame latency, decode rate), {} where none was written."""
-    from .bag import demo_recording
-    from .core.checkpoint import stored_config
+    from depthpack.bag import demo_recording
+    from depthpack.core.checkpoint import stored_config
 
     rec, answered = out / "recording", out / "recording_depth"
     h, w = (4 * int(v) for v in stored_config(ckpt)["model"]["img_size"])
@@ -212,10 +198,10 @@ def runner_binary(build_dir: Path, logs: Path) -> Path:
 
 def selection_png(ckpt: Path, out: Path) -> Path:
     """Which tokens the packer selected for one held-out image, with its anchors."""
-    from .core.checkpoint import load_model
-    from .data import make_dataset, sample_queries
-    from .eval.evaluate import data_config
-    from .eval.viz import selection_figure
+    from depthpack.core.checkpoint import load_model
+    from depthpack.data import make_dataset, sample_queries
+    from depthpack.eval.evaluate import data_config
+    from depthpack.eval.viz import selection_figure
 
     model = load_model(ckpt).eval()
     data = data_config(ckpt, None, [])
@@ -301,7 +287,7 @@ def write_report(out: Path, times: dict[str, float], info: dict) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = cli.Parser(prog="python -m depthpack.demo", name="demo", description=__doc__.split("\n\n")[0])
+    ap = cli.Parser(prog="python scripts/demo.py", name="demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/demo", help="output folder (report.md lands here)")
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS,
@@ -427,7 +413,3 @@ def cli_main(argv: list[str] | None = None) -> int:
     except StepFailed as e:
         cli.fail("demo", e)
 
-
-def run() -> None:
-    """The console script depthpack-demo (python -m depthpack.demo: cli_main, through the guard at the top)."""
-    sys.exit(cli_main())

@@ -1,6 +1,6 @@
 """The roofline of one packed forward: each kernel's time, FLOPs and bytes, against the device's ceilings.
 
-    python -m depthpack.bench.roofline --batch 8 --queries 512 --out DIR    # CUDA; DIR/roofline.{md,json}
+    python scripts/roofline.py --batch 8 --queries 512 --out DIR    # CUDA; DIR/roofline.{md,json}
 
 The default Predictor's forward runs un-replayed under torch.profiler with the shapes recorded. Each
 kernel is tied to the op that launched it (an aten op, or the Triton kernel Inductor launched with its
@@ -27,7 +27,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from .profile import category
+from gpu_profile import category
 
 DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
                "short int": 2, "bool": 1, "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1}
@@ -147,7 +147,7 @@ def run(preset: str, batch: int, queries: int, calls: int = 5) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .profile import model_and_inputs, warmed_and_timed
+    from gpu_profile import model_and_inputs, warmed_and_timed
 
     dev = torch.device("cuda")
     model, images, points = model_and_inputs(preset, batch, queries)
@@ -197,7 +197,7 @@ def markdown(r: dict, top: int = 24) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m depthpack.bench.roofline",
+    ap = argparse.ArgumentParser(prog="python scripts/roofline.py",
                                  description="per-kernel roofline of the default Predictor's packed forward (CUDA)")
     ap.add_argument("--preset", default="vits")
     ap.add_argument("--batch", type=int, default=8)
@@ -206,12 +206,12 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
-        raise SystemExit("depthpack.bench.roofline needs a CUDA device")
+        raise SystemExit("scripts/roofline.py needs a CUDA device")
     report = run(args.preset, args.batch, args.queries)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(report)
-    from ..core.files import atomic_write_json, atomic_write_text
+    from depthpack.core.files import atomic_write_json, atomic_write_text
     atomic_write_text(out / "roofline.md", md)
     atomic_write_json(out / "roofline.json", report)
     print(md)

@@ -1,6 +1,6 @@
 """Where the time of one packed forward goes: torch.profiler over the compiled packed forward.
 
-    python -m depthpack.bench.profile --preset vits --dtype bfloat16 --batch 1 --queries 256 --out DIR
+    python scripts/gpu_profile.py --preset vits --dtype bfloat16 --batch 1 --queries 256 --out DIR
 
 For the default Predictor (the fast recipe) and the plain compiled forward (compile + graph without the
 recipe's kernels), it runs the un-graphed forward under torch.profiler and reports kernels per forward,
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from ..core.fast import Recipe
-from ..core.model import create_model
-from ..runtime.predictor import Predictor
+from depthpack.core.fast import Recipe
+from depthpack.core.model import create_model
+from depthpack.runtime.predictor import Predictor
 
 RECIPES = {"fast": True, "compile+graph": Recipe(compile=True, graph=True)}  # the Predictor's fast= for each
 
@@ -110,7 +110,7 @@ def model_and_inputs(preset: str, batch: int, queries: int):
 def warmed_and_timed(model, images, points, **predictor) -> tuple[Predictor, int, dict, dict]:
     """A Predictor (keyword arguments: its own) warmed for the inputs' bucket, then timed before any profiler
     has been active in its life: (predictor, bucket, call + sync summary, back-to-back summary)."""
-    from ..runtime.graphs import summarize, time_calls
+    from depthpack.runtime.graphs import summarize, time_calls
 
     batch, queries = points.shape[:2]
     pred = Predictor(model, device="cuda", batch_size=batch, validate=False, **predictor)
@@ -161,7 +161,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m depthpack.bench.profile", description="profile the packed forward (CUDA)")
+    ap = argparse.ArgumentParser(prog="python scripts/gpu_profile.py", description="profile the packed forward (CUDA)")
     ap.add_argument("--preset", default="vits")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch", type=int, default=1)
@@ -170,7 +170,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("depthpack.bench.profile needs a CUDA device")
+        raise SystemExit("scripts/gpu_profile.py needs a CUDA device")
     recipes = [r for r in args.recipes.split(",") if r]
     if not recipes or set(recipes) - set(RECIPES):
         raise SystemExit(f"--recipes {args.recipes!r}: choose from {', '.join(RECIPES)}")
