@@ -24,6 +24,29 @@ CACHE_FILE = "depthpack_compile_cache.bin"  # torch.compiler.save_cache_artifact
 _LOADED: set[str] = set()  # cache blobs already loaded in this process
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def resolve_device(device) -> torch.device:
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device}: CUDA is not available on this machine")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """A compute dtype, a torch.dtype or its name ("float16"); else one ValueError naming it."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
+    if dtype is not None and dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {[str(d).removeprefix('torch.') for d in _DTYPES]} "
+                         f"(a torch.dtype or its name)")
+    return dtype
+
+
 def compile_counter() -> int:
     """Number of graphs Dynamo has compiled in this process (recompilations included)."""
     from torch._dynamo.utils import counters

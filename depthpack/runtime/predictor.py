@@ -29,34 +29,11 @@ from ..core.fast import resolve
 from ..core.packing import bucket_for, chunk_plan, pad_points
 from ..core.preprocess import frames_to_images, scale_focal, scale_points
 from ..core.validation import check_focal, check_points_in_image
-from .engines import ModelEngine, PackageEngine, configure_compile_cache, save_compile_cache
+from .engines import (ModelEngine, PackageEngine, configure_compile_cache, resolve_device, resolve_dtype,
+                      save_compile_cache)
 from .frames import Batch, as_batch, check_color
 from .graphs import capture
 from .staging import Staged
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _device(device) -> torch.device:
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device}: CUDA is not available on this machine")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _dtype(dtype) -> torch.dtype | None:
-    """A compute dtype, given as a torch.dtype or its name ("float16"); a ValueError naming it otherwise (a
-    string went on to fail at the first call as an "Invalid device string")."""
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
-    if dtype is not None and dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r}: use one of {[str(d).removeprefix('torch.') for d in _DTYPES]} "
-                         f"(a torch.dtype or its name)")
-    return dtype
-
 
 @dataclass
 class _Bucket:
@@ -123,7 +100,7 @@ class Predictor:
                  validate: bool = True):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        self.device, self.validate = _device(device), validate
+        self.device, self.validate = resolve_device(device), validate
         self.color = check_color(color) if color is not None else None
         self.cache_dir = configure_compile_cache(cache_dir) if cache_dir is not None else None
         if isinstance(model, PackageEngine):
@@ -132,7 +109,7 @@ class Predictor:
             raise ValueError("Predictor(model, ...) takes a DepthPack model; for an export use "
                              "Predictor.from_packages(DIR/manifest.json)")
         else:
-            dtype = _dtype(dtype)
+            dtype = resolve_dtype(dtype)
             if dtype is None:
                 dtype = torch.bfloat16 if recipe == "fast" and self.device.type == "cuda" else next(model.parameters()).dtype
             self._source = (model, recipe, dtype)
@@ -145,7 +122,7 @@ class Predictor:
     @classmethod
     def from_packages(cls, manifest, device=None, color: str | None = None, validate: bool = True) -> "Predictor":
         """A Predictor over an export folder's packages (DIR/manifest.json), loaded and checked now."""
-        engine = PackageEngine(manifest, _device(device))
+        engine = PackageEngine(manifest, resolve_device(device))
         frame = engine.frame
         return cls(engine, device, color=color or (frame[1] if frame else None), batch_size=engine.batch_size,
                    frame_size=frame[0] if frame else None, validate=validate)
