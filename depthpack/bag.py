@@ -47,7 +47,7 @@ import torch
 
 from .core import cli
 from .core.files import atomic_write_json, temporary_name
-from .data.bag import (CAMERA_INFO, COMPRESSED, IMAGE, POINTCLOUD2, BagReader, BagTopics, BagWriter, bag_format,
+from .data.rosbag import (CAMERA_INFO, COMPRESSED, IMAGE, POINTCLOUD2, BagReader, BagTopics, BagWriter, bag_format,
                        check_frame, check_output, decode_color, decode_depth, index_bag, sibling_info_topic)
 from .eval.metrics import MetricAccumulator
 from .runtime.graphs import summarize

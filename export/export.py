@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Export DepthPack to AOTInductor packages (+ manifest, reference, optional ONNX): a thin CLI over
-depthpack.deploy.export, also `python -m depthpack.export`. Any refusal or failed check is one line on
+depthpack.deploy.build, also `python -m depthpack.export`. Any refusal or failed check is one line on
 stderr and exit code 1. The packages run the fast recipe for their device and batch (--plain: the
 reference model).
 

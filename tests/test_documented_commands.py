@@ -186,7 +186,7 @@ def _frames(n: int, seed: int = 0) -> list[np.ndarray]:
 
 def _bag(path: Path, n: int = 3) -> None:
     """A ROS 2 MCAP bag as a RealSense records it: raw and JPEG colour, aligned 16UC1 depth, CameraInfo."""
-    from depthpack.data.bag import CAMERA_INFO, COMPRESSED, IMAGE, BagWriter
+    from depthpack.data.rosbag import CAMERA_INFO, COMPRESSED, IMAGE, BagWriter
 
     h, w = FRAME
     K = np.array([[500.0, 0, w / 2], [0, 500.0, h / 2], [0, 0, 1]])

@@ -11,7 +11,7 @@ kind
     "nyu"        BTS-style folder: rgb_XXXXX.jpg + sync_depth_XXXXX.png (uint16 mm), searched recursively.
     "kitti"      KITTI depth: RGB PNG + uint16 PNG, meters = value / 256, 0 = no measurement.
     "folder"     generic: root/rgb/NAME.{png,jpg} + root/depth/NAME.{png,npy,pfm}.
-    "bag"        ROS 1 / ROS 2 (sqlite3, MCAP) recordings read with rosbags (depthpack.data.bag); root = a
+    "bag"        ROS 1 / ROS 2 (sqlite3, MCAP) recordings read with rosbags (depthpack.data.rosbag); root = a
                  bag, a folder of bags, or several joined by ','; image_topic, depth_topic (and info_topic)
                  name the streams; colour and depth pair by stamp within pair_tol_ms; train / val are
                  contiguous time blocks of split_block_s (every val_every-th block is val, split_gap_s

@@ -301,7 +301,7 @@ def make_dataset(cfg: DataConfig, split: str, img_size: tuple[int, int], min_dep
     if cfg.kind == "synthetic":
         return SyntheticDataset(cfg, "train" if split == "all" else split, img_size, min_depth, max_depth)
     if cfg.kind == "bag":
-        from .bag import BagDataset  # rosbags is imported only by bag data sets
+        from .rosbag import BagDataset  # rosbags is imported only by bag data sets
         ds = BagDataset(cfg, split, img_size, min_depth, max_depth)
         ds.check_nonempty()
         return ds

@@ -1,4 +1,4 @@
-"""python -m depthpack.export (and export/export.py): the export's command line over depthpack.deploy.export.
+"""python -m depthpack.export (and export/export.py): the export's command line over depthpack.deploy.build.
 Any refusal or failed check is one line on stderr and exit code 1."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..core import cli
 from ..core.fast import RECIPES
 from ..core.preprocess import parse_frame_size
 from .contract import DTYPES, FRAME_FORMATS
-from .export import TARGETS, ExportOptions, export, load_for_export
+from .build import TARGETS, ExportOptions, export, load_for_export
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """The export folder's contract: what export/export.py writes and every runner reads.
 
-One home for it: the exporter (depthpack.deploy.export), the Python loader (depthpack.runtime.aoti),
+One home for it: the exporter (depthpack.deploy.build), the Python loader (depthpack.runtime.aoti),
 the tests and the C++ runner (deploy_cpp/manifest.h, held to this module by a test) all follow it.
 
 A folder holds manifest.json (FORMAT), one AOTInductor package per bucket (package_name), the

@@ -1,4 +1,4 @@
-"""ROS bags as data (depthpack.data.bag): the tests write their own bags with rosbags (ROS 1, ROS 2
+"""ROS bags as data (depthpack.data.rosbag): the tests write their own bags with rosbags (ROS 1, ROS 2
 sqlite3, ROS 2 MCAP; raw and compressed colour; 16UC1, 32FC1 and compressedDepth depth), read them
 back exactly, and give every bad bag one clear error. Where ../shared/data/real holds real RGB-D
 samples, packed into a bag they give the same arrays as their folders."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from depthpack.data import DataConfig, make_dataset
-from depthpack.data.bag import (CAMERA_INFO, COMPRESSED, DEPTH_MAX, DEPTH_QUANT, IMAGE, BagReader, BagTopics, BagWriter,
+from depthpack.data.rosbag import (CAMERA_INFO, COMPRESSED, DEPTH_MAX, DEPTH_QUANT, IMAGE, BagReader, BagTopics, BagWriter,
                                 decode_color, decode_depth, index_bag, pair_stamps, read_back, split_blocks)
 from depthpack.data.intrinsics import NYU_FOCAL
 from test_data import REAL, needs_real

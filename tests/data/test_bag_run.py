@@ -16,7 +16,7 @@ from test_bag import FORMATS, K, T0, write_bag
 from depthpack import Predictor, create_model
 from depthpack.bag import bag_info, demo_recording, main, parse_points, points_for, run_bag
 from depthpack.core import cli
-from depthpack.data.bag import BagReader, decode_color, decode_depth, read_back
+from depthpack.data.rosbag import BagReader, decode_color, decode_depth, read_back
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_info_lists_topics_rates_and_pairing(tmp_path, capsys):
 def test_info_names_the_camera_info_topics_when_none_is_beside_the_colour_topic(tmp_path, capsys):
     """CameraInfo published away from the colour topic's sibling: info lists the CameraInfo topics it found
     and says how to name one, rather than a bare "CameraInfo: none"; --info-topic then pairs it."""
-    from depthpack.data.bag import CAMERA_INFO, IMAGE, BagWriter
+    from depthpack.data.rosbag import CAMERA_INFO, IMAGE, BagWriter
 
     K = np.array([[40.0, 0, 16], [0, 40.0, 12], [0, 0, 1]])
     with BagWriter(tmp_path / "r", "mcap") as w:
@@ -210,7 +210,7 @@ def test_demo_recording_is_a_ros2_mcap_bag_with_colour_depth_and_camera_info(tmp
 
 
 def test_run_answers_every_frame_and_scores_only_the_paired_ones(tmp_path, model):
-    from depthpack.data.bag import IMAGE, BagWriter
+    from depthpack.data.rosbag import IMAGE, BagWriter
     from test_bag import frame_arrays
 
     with BagWriter(tmp_path / "in.bag") as w:

@@ -151,7 +151,7 @@ def example(runner) -> Path:
 def python_depth():
     """Python's answer: the eager packed forward of the same seeded weights, chunked like the runner."""
     from depthpack.core.packing import run_chunked
-    from depthpack.deploy.export import load_for_export
+    from depthpack.deploy.build import load_for_export
 
     model, _ = load_for_export(None, "tiny", 0)
 
@@ -166,7 +166,7 @@ def python_frame_depth():
     """Python's answer for the frame packages: their exported function (preprocessing inside), eager,
     chunked like the runner; frames uint8 BGR [B,h,w,3], points [B,Q,2] in frame pixels."""
     from depthpack.core.packing import run_chunked
-    from depthpack.deploy.export import load_for_export
+    from depthpack.deploy.build import load_for_export
     from depthpack.deploy.package import PackedForward
 
     model, _ = load_for_export(None, "tiny", 0)
@@ -996,7 +996,7 @@ def focal_exported(runner, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def focal_model():
-    from depthpack.deploy.export import load_for_export
+    from depthpack.deploy.build import load_for_export
 
     return load_for_export(None, "tiny", 0, {k: float(v) for k, v in (x.split("=") for x in FOCAL_MODEL.split(","))})[0]
 
@@ -1311,7 +1311,7 @@ def test_context_tokens_through_the_packages_the_cpp_runner_and_onnx(runner, tmp
     p = subprocess.run([str(runner), "--manifest", str(out / "manifest.json"), "--check",
                         str(out / "reference.safetensors")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "OK" in p.stderr, p.stderr[-2000:]
-    from depthpack.deploy.export import load_for_export
+    from depthpack.deploy.build import load_for_export
     from depthpack.runtime.aoti import load_runners
 
     model, _ = load_for_export(preset="tiny", overrides={"context": "glance", "glance_grid": 4, "registers": 2})

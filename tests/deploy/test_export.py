@@ -26,7 +26,7 @@ from conftest import with_buckets
 from depthpack.core.files import sha256_file
 from depthpack.core.preprocess import load_image, scale_points
 from depthpack.deploy.contract import FORMAT, REQUIRED_KEYS, TOLERANCE, ManifestError, read_manifest
-from depthpack.deploy.export import ExportOptions, export, load_for_export
+from depthpack.deploy.build import ExportOptions, export, load_for_export
 from depthpack.deploy.package import ExportError, PackedForward, example_inputs, export_program, static_graph_problems
 from depthpack.deploy.selfcheck import self_check
 from depthpack.runtime.aoti import load_runners, main as aoti_main, run_packages
@@ -311,7 +311,7 @@ def _verifies(d: Path) -> str:
 
 
 def test_failed_reexport_leaves_the_previous_export(exported, tmp_path, monkeypatch):
-    import depthpack.deploy.export as ex
+    import depthpack.deploy.build as ex
 
     d = tmp_path / "deployed"
     shutil.copytree(exported.out, d)

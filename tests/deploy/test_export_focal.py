@@ -15,7 +15,7 @@ from conftest import with_buckets
 from safetensors.torch import load_file
 
 from depthpack.deploy.contract import FOCAL_UNITS, read_manifest
-from depthpack.deploy.export import ExportOptions, export, load_for_export
+from depthpack.deploy.build import ExportOptions, export, load_for_export
 from depthpack.deploy.package import PackedForward
 from depthpack.runtime.aoti import load_runners, run_packages
 

@@ -241,7 +241,7 @@ def test_gpu_memory_flat_over_10000_mixed_calls():
 
 # ---------------------------------------------------------------- AOTInductor packages -----------------
 def _export_tiny(tmp_path, device):
-    from depthpack.deploy.export import ExportOptions, export, load_for_export
+    from depthpack.deploy.build import ExportOptions, export, load_for_export
 
     model, preset = load_for_export(preset="tiny", seed=0)
     # float32 reference packages: the comparisons below hold an eager float32 model to them
