@@ -29,7 +29,7 @@ if has render; then
 fi
 
 if has latency; then
-  for spec in "new:model.context=glance model.glance_depth=true model.query_head=residual" "thumbnail:model.anchor_grid=12"; do
+  for spec in "new:" "thumbnail:model.context=thumbnail model.anchor_grid=12 model.glance_depth=false model.query_head=direct"; do
     name=${spec%%:*}
     step "latency: $name layout, vits bf16 B1 Q256"
     timeout 150 $PY - "$W/lat_$name" ${spec#*:} <<'PYEOF' >>"$W/latency.log" 2>&1 || { echo "checkpoint failed"; continue; }

@@ -31,20 +31,21 @@ class ModelConfig:
     mlp_ratio: float = 4.0
     init_values: float | None = 1e-5  # LayerScale, as DINOv2
     # anchors: A fixed context tokens that see the whole image, beside cls in every buffer
-    context: str = "thumbnail"  # how they are made: "thumbnail" (anchor_grid**2 tokens, a square thumbnail),
-    #   "glance" (glance_grid tokens: the image box-downsampled, each region one patch, at its centre's position
-    #   plus a learned scale embedding)
+    context: str = "glance"  # how they are made: "glance" (glance_grid tokens: the image box-downsampled, each
+    #   region one patch, at its centre's position plus a learned scale embedding) or "thumbnail" (anchor_grid**2
+    #   tokens, a square thumbnail); the frontier chose glance (docs/accuracy.md)
     anchor_grid: int = 8  # context "thumbnail": A = anchor_grid**2
-    glance_grid: tuple[int, int] = (12, 16)  # context "glance": (rows, columns) of regions, A = rows*cols
+    glance_grid: tuple[int, int] | None = None  # context "glance": (rows, columns) of regions, A = rows*cols;
+    #   None: regions of about 2.5 patches a side that divide img_size (12x16 at 420x560, patch 14)
     registers: int = 0  # learned tokens always in the buffer (DINOv2 with registers): [cls | registers | anchors | patches]
     buckets: tuple[int, ...] = (64, 128, 256, 512, 1024)  # capacity ladder (patch slots)
     head_dim: int = 128  # hidden width of the query head
     head_freqs: int = 4  # Fourier frequencies of the in-patch offset encoding
     head_abs_pos: bool = False  # the head also reads the point's position in the image (Fourier, same freqs)
-    glance_depth: bool = False  # context "glance": the glance tokens decode depth anywhere in the image (GlanceHead,
+    glance_depth: bool = True  # context "glance": the glance tokens decode depth anywhere in the image (GlanceHead,
     #   a low-resolution dense depth model in every buffer), trained by a dense loss over the glance image's pixels
-    query_head: str = "direct"  # "direct": a query's depth from its patch token (QueryHead); "residual" (needs
-    #   glance_depth): the glance depth at the point times exp(a residual from its patch token) (ResidualHead)
+    query_head: str = "residual"  # "residual" (needs glance_depth): the glance depth at the point times exp(a
+    #   residual from its patch token) (ResidualHead); "direct": a query's depth from its patch token (QueryHead)
     min_depth: float = 0.1  # meters
     max_depth: float = 80.0
     # metric depth that follows the lens (Metric3D's canonical camera): None = off (no focal input,
@@ -72,7 +73,9 @@ class ModelConfig:
         if self.context not in CONTEXTS:
             problems.append(f"context {self.context!r} must be one of {', '.join(CONTEXTS)}")
         elif self.context != "thumbnail":
-            gh, gw = self.glance_grid
+            if self.glance_grid is None and p >= 1:
+                self.glance_grid = (default_glance(H, p), default_glance(W, p))
+            gh, gw = self.glance_grid or (0, 0)
             if gh < 1 or gw < 1 or H % gh or W % gw:
                 problems.append(f"glance_grid {self.glance_grid} must be two positive divisors of img_size {self.img_size} "
                                 f"(each region one box of whole pixels)")
@@ -135,6 +138,13 @@ class ModelConfig:
     def num_prefix(self) -> int:
         """Tokens before the patches in every buffer: cls, registers, anchors."""
         return 1 + self.registers + self.num_anchors
+
+
+def default_glance(pixels: int, patch: int) -> int:
+    """The divisor of `pixels` nearest pixels / (2.5 patch): glance regions about 2.5 patches a side (the
+    larger of two equally near)."""
+    target = pixels / (2.5 * patch)
+    return min((d for d in range(1, pixels + 1) if pixels % d == 0), key=lambda d: (abs(d - target), -d))
 
 
 # Named presets: only what differs from the defaults (which are the vits / DINOv2-small shape).
