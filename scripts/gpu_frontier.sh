@@ -4,7 +4,7 @@
 # Steps:
 #   render   the renderer at 420x560, batch 64, on the GPU (scripts/render_bench.py): scenes/s and its parts
 #   latency  B1 Q256 of the new default layout beside today's 144 thumbnail anchors (python -m depthpack.bench,
-#            rows fast and dense-fast, untrained checkpoints: latency depends on the shapes, not the weights)
+#            row fast, untrained checkpoints: latency depends on the shapes, not the weights)
 #   frontier the plan's runs named in RUNS (all when empty), trained and evaluated by python -m depthpack.eval.frontier;
 #            finished runs in $W are read, not trained again; rows and figure to $OUT
 set -u -o pipefail
@@ -38,7 +38,7 @@ from pathlib import Path
 from depthpack.train.run_folder import untrained_checkpoint
 untrained_checkpoint("configs/scale.yaml", Path(sys.argv[1]), sys.argv[2:])
 PYEOF
-    timeout 150 $PY -m depthpack.bench --checkpoint "$W/lat_$name" --dtype bfloat16 --pairs 1x256 --rows fast,dense-fast \
+    timeout 150 $PY -m depthpack.bench --checkpoint "$W/lat_$name" --dtype bfloat16 --pairs 1x256 --rows fast \
       --seconds 0.3 --repeats 3 --cache-dir "$W/cache" --out "$OUT/bench_$name" >>"$W/latency.log" 2>&1
     echo "bench exit $?" | tee -a "$LOG"
     grep -E "^\| " "$OUT/bench_$name/bench.md" 2>/dev/null | head -6 | cut -c1-220 | tee -a "$LOG"
