@@ -16,6 +16,7 @@ scripts/gpu_profile.py writes as profile.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -833,14 +834,47 @@ def predict(cfg: ModelConfig, dev: Device, p: Params, path: str, queries: int, b
 def run(cfg: ModelConfig, profiles=None, batch: int = 1) -> dict:
     """Calibrate (on the H200's vits measurements, whatever cfg is), then predict cfg on the Orin targets."""
     h200, h200_err = calibrate_h200(None, profiles)
-    rms = math.sqrt(float(np.mean([math.log(1 + e["error_pct"] / 100) ** 2 for e in h200_err])))
-    # the same fit from a generic start: how well the data pin the parameters, and what that moves on the goal
-    other = fit(h200_points(None, profiles), DEVICES["h200"], GENERIC_START, FIT_NAMES)
-    other_err = errors(h200_points(None, profiles), DEVICES["h200"], other)
+    rms = _rms_log_error(h200_err)
+    fits, effs, eff_used = _orin_efficiencies(h200)
+    corners = {c: _target(h200, eff_used[c], CORNERS[c]) for c in CORNERS}
+    central = fits["central"]["with_da3_aux"]
+    central["trt8.5_with_fused_attention"] = _trt85_fused_attention(h200)
+    band = functools.partial(_band, corners=corners, rms=rms)
+    rows = _prediction_rows(cfg, batch, band)
+    return dict(
+        **_setting(cfg),
+        h200_params={n: round(getattr(h200, n), 4) for n in FIT_NAMES},
+        h200_fit_from_generic_start=_generic_start_fit(cfg, profiles, batch),
+        h200_calibration=h200_err, h200_rms_log_error=round(rms, 4),
+        h200_at_bound=[n for n in FIT_NAMES if min(abs(math.log(getattr(h200, n) / b_)) for b_ in BOUNDS[n]) < 0.02],
+        orin_calibration=central, orin_calibration_corners=fits,
+        orin_transfer=_transfer_report(h200, effs, eff_used),
+        predictions=rows, batch8=_batch8_rows(cfg, h200, band), dense_family=_family_rows(band),
+        goal=_goal(cfg, batch, rows, corners["central"], eff_used["central"]),
+    )
+
+
+def _rms_log_error(errs: list[dict]) -> float:
+    return math.sqrt(float(np.mean([math.log(1 + e["error_pct"] / 100) ** 2 for e in errs])))
+
+
+def _generic_start_fit(cfg: ModelConfig, profiles, batch: int) -> dict:
+    """The H200 fit again from a generic start: how well the data pin the parameters, and what that moves
+    on the goal."""
+    points = h200_points(None, profiles)
+    other = fit(points, DEVICES["h200"], GENERIC_START, FIT_NAMES)
+    other_err = errors(points, DEVICES["h200"], other)
     other_eff = calibrate_orin(other)["stacks"]["trt10.3"]["target_eff"]
     other_goal = predict(cfg, DEVICES["agx_orin_64"], _target(other, other_eff), "packed", 256, batch)
-    # per corner of the transfer assumptions: the Orin efficiency fitted with and without DA3's auxiliary
-    # head, and the one that makes the unfitted cross-check exact
+    return dict(params={n: round(getattr(other, n), 4) for n in FIT_NAMES},
+                rms_log_error=round(_rms_log_error(other_err), 4),
+                goal_ms=round(other_goal, 3), start={n: getattr(GENERIC_START, n) for n in FIT_NAMES})
+
+
+def _orin_efficiencies(h200: Params) -> tuple[dict, dict, dict]:
+    """Per corner of the transfer assumptions: the Orin efficiency fitted with and without DA3's auxiliary
+    head, and the one that makes the unfitted cross-check exact. -> (the fits, those three efficiencies per
+    corner, the efficiency each corner uses)."""
     fits, effs = {}, {}
     for c, tr in CORNERS.items():
         fa = calibrate_orin(h200, True, tr)
@@ -853,17 +887,35 @@ def run(cfg: ModelConfig, profiles=None, batch: int = 1) -> dict:
     # cap means that no efficiency fits that point, and is left out
     fitted = [e for v in effs.values() for e in v if e < EFF_MAX]
     eff_used = {"optimistic": max(fitted), "central": effs["central"][0], "pessimistic": min(fitted)}
-    corners = {c: _target(h200, eff_used[c], CORNERS[c]) for c in CORNERS}
-    central = fits["central"]["with_da3_aux"]
-    trt85_fused = calibrate_orin(h200, True, CORNERS["central"], trt85_fused_attention=True)
-    central["trt8.5_with_fused_attention"] = dict(
-        target_eff=trt85_fused["stacks"]["trt8.5"]["target_eff"], host_ms=trt85_fused["stacks"]["trt8.5"]["host_ms"],
-        error_pct=[pt["error_pct"] for pt in trt85_fused["points"] if pt["stack"] == "trt8.5"])
+    return fits, effs, eff_used
 
-    def band(inv, dev):
-        v = {c: forward_us(inv, dev, pc) / 1e3 for c, pc in corners.items()}
-        return v["central"], v["optimistic"] * math.exp(-rms), v["pessimistic"] * math.exp(rms)
 
+def _trt85_fused_attention(h200: Params) -> dict:
+    """The central corner's TensorRT 8.5 fit with a fused attention kernel."""
+    cal = calibrate_orin(h200, True, CORNERS["central"], trt85_fused_attention=True)
+    stack = cal["stacks"]["trt8.5"]
+    return dict(target_eff=stack["target_eff"], host_ms=stack["host_ms"],
+                error_pct=[pt["error_pct"] for pt in cal["points"] if pt["stack"] == "trt8.5"])
+
+
+def _transfer_report(h200: Params, effs: dict, eff_used: dict) -> dict:
+    return dict(corners={c: dict(CORNERS[c], target_eff=round(eff_used[c], 4),
+                                 attention_eff=round(eff_used[c] * h200.attn_eff / h200.gemm_eff, 4))
+                         for c in CORNERS},
+                effs_per_corner={c: dict(zip(("with_da3_aux", "without_da3_aux", "cross_check"), v))
+                                 for c, v in effs.items()},
+                clock_scale={k: round(DEVICES[k].clock_scale, 3) for k in TARGETS})
+
+
+def _band(inv: list[Kernel], dev: Device, corners: dict[str, Params], rms: float) -> tuple[float, float, float]:
+    """(central, low, high) ms of one forward: the corners' predictions, the band widened by the H200 fit's
+    rms log error."""
+    v = {c: forward_us(inv, dev, pc) / 1e3 for c, pc in corners.items()}
+    return v["central"], v["optimistic"] * math.exp(-rms), v["pessimistic"] * math.exp(rms)
+
+
+def _prediction_rows(cfg: ModelConfig, batch: int, band) -> list[dict]:
+    """Every target, packed and dense, at every count of QUERIES."""
     rows = []
     for key in TARGETS:
         dev = DEVICES[key]
@@ -880,7 +932,12 @@ def run(cfg: ModelConfig, profiles=None, batch: int = 1) -> dict:
                                  tokens=1 + cfg.num_anchors + k, kernels=kernel_count(inv),
                                  gflop=round(total_flops(inv) / 1e9, 2), ms=round(ms, 3), ms_low=round(lo, 3),
                                  ms_high=round(hi, 3)))
-    family = []  # dense models of the same family, TensorRT-style fused, fp16, GPU time only (no host)
+    return rows
+
+
+def _family_rows(band) -> list[dict]:
+    """Dense models of the same family, TensorRT-style fused, fp16, GPU time only (no host)."""
+    family = []
     for key in TARGETS:
         dev = DEVICES[key]
         for name, inv in [("Depth Anything V2 Small 518 (ViT-S + DPT)", depth_anything_inventory(518, "v2", "trt")),
@@ -889,28 +946,12 @@ def run(cfg: ModelConfig, profiles=None, batch: int = 1) -> dict:
             family.append(dict(device=key, device_name=dev.name, model=name, kernels=kernel_count(inv),
                                gflop=round(total_flops(inv) / 1e9, 1), ms=round(ms, 2), ms_low=round(lo, 2),
                                ms_high=round(hi, 2)))
-    goal = next(r for r in rows if r["device"] == "agx_orin_64" and r["path"] == "packed" and r["queries"] == 256)
-    agx = DEVICES["agx_orin_64"]
-    inv = packed_inventory(cfg, batch, 256, 256)
-    by_cat = breakdown_us(inv, agx, corners["central"], busy=False)
-    t = kernel_times_us(inv, agx, corners["central"])
-    cs = agx.clock_scale
-    floors = sum(k.count * cs * (p_f + corners["central"].launch_us) for k, p_f in
-                 zip(inv, _floors_of(inv, corners["central"])))
-    # one assumption at a time, the others central: where would the goal point reach the limit?
-    goal_inv = packed_inventory(cfg, batch, 256, 256)
+    return family
 
-    def crossing(field_, lo, hi):
-        f = lambda v: forward_us(goal_inv, agx, replace(corners["central"], **{field_: v})) / 1e3 - GOAL_MS
-        if f(lo) * f(hi) > 0:
-            return None  # no crossing inside the range looked at
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if f(lo) * f(mid) > 0 else (lo, mid)
-        return round(0.5 * (lo + hi), 3)
 
-    # batch 8, Q512 (eight cameras): the regime where kernels, not launches, are the time; the model's own H200
-    # figure beside the measured one (docs/results/h200_bench.json, back-to-back) says how far it carries there
+def _batch8_rows(cfg: ModelConfig, h200: Params, band) -> list[dict]:
+    """Batch 8, Q512 (eight cameras): the regime where kernels, not launches, are the time; the model's own H200
+    figure beside the measured one (docs/results/h200_bench.json, back-to-back) says how far it carries there."""
     batch8 = []
     for key in ("h200",) + tuple(TARGETS):
         dev = DEVICES[key]
@@ -922,8 +963,45 @@ def run(cfg: ModelConfig, profiles=None, batch: int = 1) -> dict:
             batch8.append(dict(device=key, device_name=dev.name, path=path8, queries=512, batch=8,
                                kernels=kernel_count(inv8), gflop=round(total_flops(inv8) / 1e9, 1), ms=round(ms, 3),
                                ms_low=None if lo is None else round(lo, 3), ms_high=None if hi is None else round(hi, 3)))
-    breaks_at = dict(floor_scale=crossing("floor_scale", 0.5, 5.0), target_eff=crossing("target_eff", 0.05, EFF_MAX),
-                     target_mem_eff=crossing("target_mem_eff", 0.05, 1.0))
+    return batch8
+
+
+def _goal(cfg: ModelConfig, batch: int, rows: list[dict], central: Params, central_eff: float) -> dict:
+    """The goal point (AGX Orin 64GB, Q256 packed) under the central corner: its band, where its time goes and
+    where each assumption alone would take it past GOAL_MS."""
+    goal = next(r for r in rows if r["device"] == "agx_orin_64" and r["path"] == "packed" and r["queries"] == 256)
+    agx = DEVICES["agx_orin_64"]
+    inv = packed_inventory(cfg, batch, 256, 256)
+    by_cat = breakdown_us(inv, agx, central, busy=False)
+    t = kernel_times_us(inv, agx, central)
+    cs = agx.clock_scale
+    floors = sum(k.count * cs * (p_f + central.launch_us) for k, p_f in zip(inv, _floors_of(inv, central)))
+    # one assumption at a time, the others central: where would the goal point reach the limit?
+    breaks_at = dict(floor_scale=_crossing(inv, agx, central, "floor_scale", 0.5, 5.0),
+                     target_eff=_crossing(inv, agx, central, "target_eff", 0.05, EFF_MAX),
+                     target_mem_eff=_crossing(inv, agx, central, "target_mem_eff", 0.05, 1.0))
+    return dict(what="vits 518, B1, Q256 (bucket 256), packed, compiled + CUDA graph, AGX Orin 64GB", limit_ms=GOAL_MS,
+                ms=goal["ms"], ms_low=goal["ms_low"], ms_high=goal["ms_high"],
+                met_central=goal["ms"] <= GOAL_MS, met_whole_band=goal["ms_high"] <= GOAL_MS,
+                breakdown_us={c: round(v, 1) for c, v in by_cat.items()},
+                fixed_costs_us=round(floors, 1), total_us=round(float(np.dot(_packed(inv).count, t)), 1),
+                kernels=kernel_count(inv), limit_reached_when=breaks_at, central_eff=central_eff)
+
+
+def _crossing(inv: list[Kernel], dev: Device, p: Params, field_: str, lo: float, hi: float) -> float | None:
+    """The value of one parameter of p, in [lo, hi], at which inv's predicted time on dev reaches GOAL_MS
+    (bisection); None when it does not cross inside the range."""
+    f = lambda v: forward_us(inv, dev, replace(p, **{field_: v})) / 1e3 - GOAL_MS  # noqa: E731
+    if f(lo) * f(hi) > 0:
+        return None
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if f(lo) * f(mid) > 0 else (lo, mid)
+    return round(0.5 * (lo + hi), 3)
+
+
+def _setting(cfg: ModelConfig) -> dict:
+    """What the predictions are of: the model's shapes, the dtypes, the backend and the devices."""
     return dict(
         note="PREDICTIONS from a cost model calibrated on H200 measurements and published Orin TensorRT figures; "
              "nothing was measured on a Jetson.",
@@ -933,28 +1011,6 @@ def run(cfg: ModelConfig, profiles=None, batch: int = 1) -> dict:
               "float16); bfloat16 on the H200 (calibration)",
         backend="compiled (Inductor / AOTInductor .pt2) in a CUDA graph, batch 1",
         devices={k: asdict(DEVICES[k]) | {"peak_tflops": round(DEVICES[k].peak_tflops, 2)} for k in DEVICES},
-        h200_params={n: round(getattr(h200, n), 4) for n in FIT_NAMES},
-        h200_fit_from_generic_start=dict(
-            params={n: round(getattr(other, n), 4) for n in FIT_NAMES},
-            rms_log_error=round(math.sqrt(float(np.mean([math.log(1 + e["error_pct"] / 100) ** 2
-                                                           for e in other_err]))), 4),
-            goal_ms=round(other_goal, 3), start={n: getattr(GENERIC_START, n) for n in FIT_NAMES}),
-        h200_calibration=h200_err, h200_rms_log_error=round(rms, 4),
-        h200_at_bound=[n for n in FIT_NAMES if min(abs(math.log(getattr(h200, n) / b_)) for b_ in BOUNDS[n]) < 0.02],
-        orin_calibration=central, orin_calibration_corners=fits,
-        orin_transfer=dict(corners={c: dict(CORNERS[c], target_eff=round(eff_used[c], 4),
-                                            attention_eff=round(eff_used[c] * h200.attn_eff / h200.gemm_eff, 4))
-                                    for c in CORNERS},
-                           effs_per_corner={c: dict(zip(("with_da3_aux", "without_da3_aux", "cross_check"), v))
-                                            for c, v in effs.items()},
-                           clock_scale={k: round(DEVICES[k].clock_scale, 3) for k in TARGETS}),
-        predictions=rows, batch8=batch8, dense_family=family,
-        goal=dict(what="vits 518, B1, Q256 (bucket 256), packed, compiled + CUDA graph, AGX Orin 64GB", limit_ms=GOAL_MS,
-                  ms=goal["ms"], ms_low=goal["ms_low"], ms_high=goal["ms_high"],
-                  met_central=goal["ms"] <= GOAL_MS, met_whole_band=goal["ms_high"] <= GOAL_MS,
-                  breakdown_us={c: round(v, 1) for c, v in by_cat.items()},
-                  fixed_costs_us=round(floors, 1), total_us=round(float(np.dot(_packed(inv).count, t)), 1),
-                  kernels=kernel_count(inv), limit_reached_when=breaks_at, central_eff=eff_used["central"]),
     )
 
 

@@ -35,7 +35,7 @@ def tiny():
 @pytest.fixture(autouse=True, scope="session")
 def _many_compiled_predictors():
     """Dynamo keeps recompile_limit (8) compiled entries per code object, and every (model instance, bucket,
-    batch) of the suite's many predictors is one entry of forward_packed: raised, as the benchmark raises it."""
+    batch) of the suite's many predictors is one entry of packed_core: raised, as the benchmark raises it."""
     from depthpack.bench.ladder import raise_recompile_limit
 
     raise_recompile_limit()

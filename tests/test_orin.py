@@ -50,7 +50,7 @@ def test_packed_inventory_flops_equal_flop_counter(preset, bucket, queries):
     H, W = cfg.img_size
     images = torch.rand(1, 3, H, W)
     points = torch.rand(1, queries, 2) * torch.tensor([W - 1.0, H - 1.0])
-    total, gemm = _counted(m, lambda: m.forward_packed(images, points, bucket))
+    total, gemm = _counted(m, lambda: m.packed_core(images, points, bucket))
     inv = orin.packed_inventory(cfg, 1, bucket, queries)
     assert orin.total_flops(inv, ("gemm",)) == pytest.approx(gemm, rel=0.01)
     assert orin.total_flops(inv) == pytest.approx(total, rel=0.01)

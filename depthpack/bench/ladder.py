@@ -202,7 +202,7 @@ def dav2_forward(model, mean, std, compiled: bool = False):
 # ---- building rows ----------------------------------------------------------------------------------
 def raise_recompile_limit(limit: int = 256) -> None:
     """Dynamo keeps at most `recompile_limit` (default 8) compiled entries per code object, and every
-    (model instance, bucket, batch) is one entry of forward_packed: the benchmark's many predictors in one
+    (model instance, bucket, batch) is one entry of packed_core: the benchmark's many predictors in one
     process would exceed it and fall back. Raise it; recompiles are still counted."""
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
@@ -262,7 +262,7 @@ class Rows:
             pred.warmup(batch_size=self.B, buckets=sorted({k, pred.buckets[-1]} if Q > pred.buckets[-1] else {k}),
                         frame_size=frame_size)
             fn, prof = pred.predict, uncaptured(pred, row.input, frame_size or pred.image_size)
-            plain = lambda im, pts: run_chunked(self.plain.forward_packed, im, pts, self.plain.cfg.buckets)  # noqa: E731
+            plain = lambda im, pts: run_chunked(self.plain.packed_core, im, pts, self.plain.cfg.buckets)  # noqa: E731
             flop = (lambda im, pts: Predictor(self.plain, self.device, recipe="reference", color="bgr").predict(im, pts)) \
                 if row.input == "frames" else plain
         else:
@@ -280,13 +280,13 @@ class Rows:
     def _baseline(self, row: Row) -> Callable:
         m = self.plain
         if row.path == "masked":
-            return lambda im, pts: run_chunked(m.forward_masked_core, im, pts, m.cfg.buckets)
+            return lambda im, pts: run_chunked(m.masked_core, im, pts, m.cfg.buckets)
         if row.path == "dense":
             if row.compile:  # the fastest dense forward: the fast recipe's kernels, compiled (FLOP realization)
                 recipe = replace(fast_recipe(self.device, self.B), blocks="timm")
                 fast = self.model.deployed(recipe, self.device, self.dtype)
-                return torch.compile(fast.forward_dense_core, dynamic=False, fullgraph=True, options=recipe.inductor_options())
-            return lambda im, pts: m.forward_dense_core(im, pts)
+                return torch.compile(fast.dense_core, dynamic=False, fullgraph=True, options=recipe.inductor_options())
+            return lambda im, pts: m.dense_core(im, pts)
         if self.dav2 is None:
             self.dav2 = dav2_small(m.cfg.img_size).to(self.device, self.dtype)
         mean = torch.tensor(m.cfg.mean, device=self.device).view(1, 3, 1, 1)
@@ -369,7 +369,7 @@ def run_group(preset: str, dtype: torch.dtype, batch: int, queries: list[int], r
               progress) -> list[dict]:
     model = make_model(preset, args.checkpoint)
     H, W = model.cfg.img_size
-    raise_recompile_limit()  # every row's predictor compiles forward_packed anew
+    raise_recompile_limit()  # every row's predictor compiles packed_core anew
     rb = Rows(model, device, dtype, batch, args)
     results = []
     dt = str(dtype).replace("torch.", "")

@@ -5,8 +5,9 @@ Three paths over one set of weights:
     model.forward_masked(images, points)  masked:  every token, keys restricted to the packed selection
     model.forward_dense(images, points?)  dense:   every token, no mask; without points a [B,H,W] map
 Each is forward_features (tokens through the blocks) then forward_head (the query head), as timm
-splits its models; forward_packed / forward_masked_core / forward_dense_core are the unchecked static
-cores the runtimes compile and capture, all of signature (images, points, bucket).
+splits its models; packed_core / masked_core / dense_core (and packed_map_core, the packed path with the
+glance's depth map) are the unchecked static cores the runtimes compile and capture, all of signature
+(images, points, bucket).
 
 images [B,3,H,W] float RGB in [0,1] (normalized inside); points [B,Q,2] float (x, y) pixels.
 A point (x, y) belongs to pixel (floor(x), floor(y)) and to patch (floor(y/p), floor(x/p)).
@@ -445,13 +446,13 @@ class DepthPack(nn.Module):
         logd = self.glance_head.own(self.glance_head.token_features(glance), pts, hw)
         return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True).view(B, *self.cfg.glance_map_size)
 
-    def forward_packed(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
-                       focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
+    def packed_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
+                    focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Packed path for Q <= bucket queries: cls + anchors + the selected patches. -> depth [B,Q]."""
         return self._packed(images, points, bucket, focal, anchors)[0]
 
-    def forward_packed_map(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
-                           focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def packed_map_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
+                        focal: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The packed path and the glance's depth map from the same buffer: (depth [B,Q], map [B,rows,cols])."""
         depth, glance, scale = self._packed(images, points, bucket, focal)
         return depth, self.glance_map(glance, tuple(images.shape[-2:]), scale)
@@ -462,8 +463,8 @@ class DepthPack(nn.Module):
         scale = self.focal_scale(images, focal)
         return self.forward_head(feats, slot, points, scale, glance, tuple(images.shape[-2:])), glance, scale
 
-    def forward_masked_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
-                            focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
+    def masked_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int,
+                    focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Masked baseline: all 1+A+N tokens, keys restricted to the packed selection."""
         index, _ = self.select(images, points, bucket)
         grid = self.grid_of(images)
@@ -476,8 +477,8 @@ class DepthPack(nn.Module):
         return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, grid), points,
                                  self.focal_scale(images, focal), glance, tuple(images.shape[-2:]))
 
-    def forward_dense_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None = None,
-                           focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
+    def dense_core(self, images: torch.Tensor, points: torch.Tensor, bucket: int | None = None,
+                   focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Dense path at points: every token, no mask (bucket unused: the same signature as the others)."""
         feats, glance = self.encode(images, anchors=anchors)
         return self.forward_head(feats, patch_of_points(points, self.cfg.patch_size, self.grid_of(images)), points,
@@ -489,12 +490,13 @@ class DepthPack(nn.Module):
         pixels (0 = unknown); see the module docstring. anchors=False: without the anchors (evaluation)."""
         images, points = check_inputs(images, points, self.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
-        return run_chunked(functools.partial(self.forward_packed, anchors=anchors), images, points, self.cfg.buckets, focal)
+        return run_chunked(functools.partial(self.packed_core, anchors=anchors), images, points,
+                           self.cfg.buckets, focal)
 
     def forward_masked(self, images: torch.Tensor, points, focal=None, anchors: bool = True) -> torch.Tensor:
         images, points = check_inputs(images, points, self.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
-        return run_chunked(functools.partial(self.forward_masked_core, anchors=anchors), images, points,
+        return run_chunked(functools.partial(self.masked_core, anchors=anchors), images, points,
                            self.cfg.buckets, focal)
 
     def forward_dense(self, images: torch.Tensor, points=None, focal=None, anchors: bool = True) -> torch.Tensor:
@@ -506,7 +508,7 @@ class DepthPack(nn.Module):
         focal = check_focal(focal, images.shape[0], images.device)
         if points.shape[1] == 0:
             return torch.zeros(images.shape[0], 0, device=images.device)
-        return self.forward_dense_core(images, points, None, focal, anchors)
+        return self.dense_core(images, points, None, focal, anchors)
 
     def depth_map(self, images: torch.Tensor, focal: torch.Tensor | None = None, anchors: bool = True) -> torch.Tensor:
         """Dense depth at every integer pixel (x, y): [B,H,W], equal to querying each pixel."""

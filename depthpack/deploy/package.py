@@ -41,8 +41,8 @@ class PackedForward(nn.Module):
             inputs, points = frames_to_images(inputs, size, self.frame["color"]), scale_points(points, frame_size, size)
             focal = scale_focal(focal, frame_size, size) if focal is not None else None
         if self.model.cfg.glance_depth:
-            return self.model.forward_packed_map(inputs, points, self.bucket, focal)
-        return self.model.forward_packed(inputs, points, self.bucket, focal)
+            return self.model.packed_map_core(inputs, points, self.bucket, focal)
+        return self.model.packed_core(inputs, points, self.bucket, focal)
 
 
 def manifest_focal(cfg: ModelConfig, frame: dict | None = None) -> dict | None:

@@ -164,7 +164,7 @@ def run_packed_on(model, k: int, images: torch.Tensor, points: torch.Tensor, foc
     with torch.inference_mode():
         images, points = check_inputs(images, points, model.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
-        return model.forward_packed(images, pad_points(points, k), k, focal, anchors)[:, :q].float()
+        return model.packed_core(images, pad_points(points, k), k, focal, anchors)[:, :q].float()
 
 
 # ---- the evaluation -----------------------------------------------------------------------------

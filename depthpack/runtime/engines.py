@@ -98,7 +98,7 @@ class ModelEngine:
 
     def core(self, with_map: bool = False) -> Callable:
         check_map(with_map, self.has_map, "the model has no glance depth (model.glance_depth)")
-        return self.model.forward_packed_map if with_map else self.model.forward_packed
+        return self.model.packed_map_core if with_map else self.model.packed_core
 
     def function(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool = False) -> Callable:
         fn = self.core(with_map)

@@ -105,7 +105,7 @@ class Predictor:
         self.cache_dir = configure_compile_cache(cache_dir) if cache_dir is not None else None
         if isinstance(model, PackageEngine):
             engine = model
-        elif model is None or not hasattr(model, "forward_packed"):
+        elif model is None or not hasattr(model, "packed_core"):
             raise ValueError("Predictor(model, ...) takes a DepthPack model; for an export use "
                              "Predictor.from_packages(DIR/manifest.json)")
         else:

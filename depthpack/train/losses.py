@@ -73,10 +73,10 @@ class PackedObjective(nn.Module):
             extra = None if extra is None else (extra[0] * xy, *extra[1:])
             focal = None if focal is None else focal * (sx * sy) ** 0.5
         hw = tuple(images.shape[-2:])
-        if dense:  # forward_dense_core, in its parts
+        if dense:  # dense_core, in its parts
             index, slot = None, patch_of_points(points, m.cfg.patch_size, m.grid_of(images))
         else:
-            index, slot = m.select(images, points, bucket)  # forward_packed, in its parts
+            index, slot = m.select(images, points, bucket)  # packed_core, in its parts
         feats, gfeat = m.encode(images, index)
         if extra is not None:
             xp, parent, xt, xv = extra

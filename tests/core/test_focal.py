@@ -117,7 +117,7 @@ def test_export_with_focal_is_a_static_graph(focal_model):
             self.m, self.k = m, k
 
         def forward(self, images, points, focal):
-            return self.m.forward_packed(images, points, self.k, focal)
+            return self.m.packed_core(images, points, self.k, focal)
 
     img, pts = rand_inputs(6, 2, 16)
     f = torch.tensor([30.0, 0.0])
@@ -128,7 +128,8 @@ def test_export_with_focal_is_a_static_graph(focal_model):
     img2, pts2 = rand_inputs(7, 2, 16)
     f2 = torch.tensor([0.0, 55.0])
     with torch.no_grad():
-        torch.testing.assert_close(ep.module()(img2, pts2, f2), focal_model.forward_packed(img2, pts2, 16, f2), atol=ATOL, rtol=0)
+        torch.testing.assert_close(ep.module()(img2, pts2, f2), focal_model.packed_core(img2, pts2, 16, f2),
+                                   atol=ATOL, rtol=0)
 
 
 def test_training_objective_sees_the_focal():

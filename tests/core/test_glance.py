@@ -40,7 +40,7 @@ def test_a_zero_residual_answers_with_the_glance_depth_at_the_point():
         index, slot = m.select(img, pts, 16)
         _, glance = m.encode(img, index)
         want = torch.exp(m.glance_head.log_depth(m.glance_head.token_features(glance), pts, (64, 64)))
-        assert torch.allclose(m.forward_packed(img, pts, 16), want.clamp(m.cfg.min_depth, m.cfg.max_depth), atol=1e-6)
+        assert torch.allclose(m.packed_core(img, pts, 16), want.clamp(m.cfg.min_depth, m.cfg.max_depth), atol=1e-6)
 
 
 def test_the_ensemble_blends_the_four_nearest_tokens_bilinearly():
@@ -73,8 +73,8 @@ def test_the_ensemble_blends_the_four_nearest_tokens_bilinearly():
 def test_the_map_is_the_glance_head_at_every_pixel_of_the_glance_image(residual):
     img, pts = rand_inputs(7, 2, 10)
     with torch.no_grad():
-        depth, dmap = residual.forward_packed_map(img, pts, 16)
-        assert torch.equal(depth, residual.forward_packed(img, pts, 16))
+        depth, dmap = residual.packed_map_core(img, pts, 16)
+        assert torch.equal(depth, residual.packed_core(img, pts, 16))
         _, glance = residual.encode(img, residual.select(img, pts, 16)[0])
         rows, cols = residual.cfg.glance_map_size
         assert dmap.shape == (2, rows, cols) == (2, 32, 32)

@@ -89,8 +89,8 @@ def test_hybrid_recipe_checks_the_blocks_and_falls_back_on_cpu():
     images, points = torch.rand(2, 3, 64, 64), torch.rand(2, 16, 2) * 63.9
     hybrid = Recipe(blocks="hybrid")
     with torch.no_grad():
-        off = m.forward_packed(images, points, 16)
-        on = m.deployed(hybrid).forward_packed(images, points, 16)  # CPU tensors: the blocks themselves
+        off = m.packed_core(images, points, 16)
+        on = m.deployed(hybrid).packed_core(images, points, 16)  # CPU tensors: the blocks themselves
     torch.testing.assert_close(on, off, rtol=0, atol=0)
     with pytest.raises(ValueError, match="recipe blocks 'all'"):
         Recipe(blocks="all")
@@ -117,7 +117,7 @@ def test_deployed_copy_leaves_the_model_and_runs_the_recipes_kernels():
     assert all(type(b) is HybridBlock and b.gelu_epilogue for b in hybrid.backbone.blocks)
     with torch.no_grad():
         for d in (fast, hybrid):  # on the CPU the hybrid blocks are the blocks they replaced
-            torch.testing.assert_close(d.forward_packed(images, points, 32), m.forward_packed(images, points, 32),
+            torch.testing.assert_close(d.packed_core(images, points, 32), m.packed_core(images, points, 32),
                                        rtol=1e-3, atol=1e-3)
 
 
@@ -175,7 +175,7 @@ def test_gpu_fast_recipe_model_matches_plain_and_float32_masked(batch):
     points = (torch.rand(batch, 256, 2, generator=g) * 517).cuda()
     with torch.inference_mode():
         masked = m32.forward_masked(images, points)
-        off = m16.forward_packed(images, points, 256)
-        on = m16.deployed(without_runtime(fast_recipe("cuda", batch))).forward_packed(images, points, 256)
+        off = m16.packed_core(images, points, 256)
+        on = m16.deployed(without_runtime(fast_recipe("cuda", batch))).packed_core(images, points, 256)
     assert (on - off).abs().max().item() < 3e-2 * off.abs().max().item()
     assert (on - masked).abs().max().item() <= max(5e-3, 1.5 * (off - masked).abs().max().item())

@@ -29,8 +29,8 @@ def test_packed_equals_masked(tiny, B, Q, seed):
 def test_packed_equals_masked_every_bucket(tiny, bucket):
     img, pts = rand_inputs(10 + bucket, 2, 5)
     with torch.no_grad():
-        a = tiny.forward_packed(img, pts, bucket)
-        b = tiny.forward_masked_core(img, pts, bucket)
+        a = tiny.packed_core(img, pts, bucket)
+        b = tiny.masked_core(img, pts, bucket)
     assert (a - b).abs().max() < ATOL
 
 
@@ -49,10 +49,10 @@ def test_selecting_every_token_equals_dense(tiny):
     img, pts = rand_inputs(7, 2, 20)
     n = tiny.cfg.num_patches
     with torch.no_grad():
-        full = tiny.forward_packed(img, pts, n)
+        full = tiny.packed_core(img, pts, n)
         dense = tiny.forward_dense(img, pts)
         # the selection really is partial at a small bucket: the answer differs from dense
-        small = tiny.forward_packed(img, pts, 32)
+        small = tiny.packed_core(img, pts, 32)
     assert (full - dense).abs().max() < ATOL
     assert (small - dense).abs().max() > 1e-3
 
@@ -111,7 +111,8 @@ def test_chunking_beyond_largest_bucket(tiny):
     img, pts = rand_inputs(14, 2, 150)  # largest bucket 64 -> chunks 64, 64, 22
     with torch.no_grad():
         out = tiny(img, pts)
-        parts = [tiny.forward_packed(img, pts[:, s:s + 64], bucket_for(min(64, 150 - s), tiny.cfg.buckets)) for s in (0, 64, 128)]
+        parts = [tiny.packed_core(img, pts[:, s:s + 64], bucket_for(min(64, 150 - s), tiny.cfg.buckets))
+                 for s in (0, 64, 128)]
         dense = tiny.forward_dense(img, pts)
     assert out.shape == (2, 150)
     assert torch.equal(out, torch.cat(parts, 1))
@@ -185,7 +186,7 @@ def test_export_is_static_graph(tiny):
             self.m, self.k = m, k
 
         def forward(self, images, points):
-            return self.m.forward_packed(images, points, self.k)
+            return self.m.packed_core(images, points, self.k)
 
     img, pts = rand_inputs(16, 1, 16)
     ep = torch.export.export(Packed(tiny, 16), (img, pts), strict=False)
@@ -195,7 +196,7 @@ def test_export_is_static_graph(tiny):
     assert not ep.range_constraints  # no symbolic, data-dependent sizes
     img2, pts2 = rand_inputs(17, 1, 16)
     with torch.no_grad():
-        assert (ep.module()(img2, pts2) - tiny.forward_packed(img2, pts2, 16)).abs().max() < ATOL
+        assert (ep.module()(img2, pts2) - tiny.packed_core(img2, pts2, 16)).abs().max() < ATOL
 
 
 def test_embedding_equals_timm_conv(tiny):
@@ -247,7 +248,7 @@ def test_presets(preset):
     img = torch.empty(1, 3, H, W, device="meta")
     pts = torch.empty(1, 5, 2, device="meta")
     with torch.no_grad():
-        assert m.forward_packed(img, pts, cfg.buckets[0]).shape == (1, 5)
+        assert m.packed_core(img, pts, cfg.buckets[0]).shape == (1, 5)
 
 
 def test_config_errors():
@@ -291,7 +292,7 @@ def test_head_position_term_keeps_the_paths_equal():
     ipts = pts.floor()
     with torch.no_grad():
         assert (m(img, pts) - m.forward_masked(img, pts)).abs().max() < ATOL
-        assert (m.forward_packed(img, pts, m.cfg.num_patches) - m.forward_dense(img, pts)).abs().max() < ATOL
+        assert (m.packed_core(img, pts, m.cfg.num_patches) - m.forward_dense(img, pts)).abs().max() < ATOL
         dmap, q = m.forward_dense(img), m.forward_dense(img, ipts)
         off = m.forward_dense(img, ipts)
     b, il = torch.arange(2)[:, None], ipts.long()
@@ -358,7 +359,7 @@ def test_context_tokens_keep_packed_equal_to_masked_and_dense(ctx):
         with torch.no_grad():
             packed = m(img, pts)
             torch.testing.assert_close(packed, m.forward_masked(img, pts), rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(m.forward_packed(img, pts, 64), m.forward_dense(img, pts), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(m.packed_core(img, pts, 64), m.forward_dense(img, pts), rtol=1e-5, atol=1e-5)
             off = m(img, pts, anchors=False)
         assert (off - packed).abs().max() > 1e-3
 

@@ -157,7 +157,7 @@ def python_depth():
 
     def depth(images: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return run_chunked(model.forward_packed, images, points, BUCKETS)
+            return run_chunked(model.packed_core, images, points, BUCKETS)
     return depth
 
 
@@ -1062,7 +1062,8 @@ def test_focal_flag_on_an_image_file_is_scaled_like_the_points(runner, focal_exp
     image, size = load_image(d / "reference.png", (64, 64))
     xy = scale_points(torch.from_numpy(got[:, :2].astype(np.float32)), size, (64, 64))[None]
     with torch.no_grad():
-        want = run_chunked(focal_model.forward_packed, image[None], xy, BUCKETS, scale_focal(torch.tensor([70.0]), size, (64, 64)))
+        want = run_chunked(focal_model.packed_core, image[None], xy, BUCKETS,
+                           scale_focal(torch.tensor([70.0]), size, (64, 64)))
     assert np.abs(got[:, 2] - want[0].numpy()).max() < 1e-4
 
 
@@ -1320,4 +1321,4 @@ def test_context_tokens_through_the_packages_the_cpp_runner_and_onnx(runner, tmp
     for k, fn in runners.items():
         images, pts = torch.rand(1, 3, 64, 64, generator=g), torch.rand(1, k, 2, generator=g) * 63.9
         with torch.no_grad():
-            torch.testing.assert_close(fn(images, pts), model.forward_packed(images, pts, k), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(fn(images, pts), model.packed_core(images, pts, k), atol=1e-4, rtol=1e-4)

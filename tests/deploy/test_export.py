@@ -111,7 +111,7 @@ def test_packages_equal_eager_on_fresh_inputs(exported):
         images, points = fresh_inputs(k, seed=100 + k)
         got = fn(images, points)
         with torch.no_grad():
-            want = exported.model.forward_packed(images, points, k)
+            want = exported.model.packed_core(images, points, k)
         assert got.shape == (1, k) and got.dtype == torch.float32
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         assert got.min() >= 0.1 - 1e-6 and got.max() <= 20.0 + 1e-5
@@ -147,7 +147,7 @@ def test_onnx_equals_eager(exported):
         images, points = fresh_inputs(k, seed=200 + k)
         got = sess.run(["depth"], {"images": images.numpy(), "points": points.numpy()})[0]
         with torch.no_grad():
-            want = exported.model.forward_packed(images, points, k)
+            want = exported.model.packed_core(images, points, k)
         torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=1e-4)
 
 
@@ -464,7 +464,7 @@ def test_reuse_packages_takes_new_weights_without_a_compile(exported, tmp_path):
         images, points = fresh_inputs(k, seed=300 + k)
         got = fn(images, points)
         with torch.no_grad():
-            want, old = new_model.forward_packed(images, points, k), exported.model.forward_packed(images, points, k)
+            want, old = new_model.packed_core(images, points, k), exported.model.packed_core(images, points, k)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         assert (got - old).abs().max() > 1e-2  # the weights really changed
     # in place: the folder's own packages, copied into the staging folder before it replaces them

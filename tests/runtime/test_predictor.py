@@ -52,7 +52,7 @@ def test_padding_results_are_dropped_and_do_not_change_answers():
     padded = torch.cat([few, few[:, :1].expand(1, 5, 2)], dim=1)  # what the predictor builds
     out = pred.predict(images, few)
     assert out.shape == (1, 3)
-    torch.testing.assert_close(out, m.forward_packed(images, padded, 8)[:, :3])
+    torch.testing.assert_close(out, m.packed_core(images, padded, 8)[:, :3])
 
 
 def test_compile_soak_no_recompile_batch_groups():

@@ -112,7 +112,7 @@ def test_a_few_steps_reduce_the_loss_on_a_fixed_batch():
 
 def test_the_dense_objective_is_the_dense_paths_silog_whatever_the_bucket():
     """train_path=dense (the equal-tokens baseline): every patch in the buffer, so the loss is the SILog of
-    forward_dense_core at the points, at any bucket; the packed objective at a small bucket differs."""
+    dense_core at the points, at any bucket; the packed objective at a small bucket differs."""
     from depthpack.data import make_dataset
     from depthpack.train.losses import PackedObjective, SiLogLoss
     from depthpack.train.loop import build_model
@@ -122,7 +122,7 @@ def test_the_dense_objective_is_the_dense_paths_silog_whatever_the_bucket():
     ds = make_dataset(cfg.data, split="train", img_size=mc.img_size, min_depth=mc.min_depth, max_depth=mc.max_depth)
     b, _, _ = host_batch(ds, 16, 2)
     model = randomize_(build_model(cfg, torch.device("cpu")))
-    want = SiLogLoss(0.5)(model.forward_dense_core(b.images, b.points), b.target, b.valid)
+    want = SiLogLoss(0.5)(model.dense_core(b.images, b.points), b.target, b.valid)
     dense = PackedObjective(model, 0.5)
     for bucket in (16, mc.num_patches):
         torch.testing.assert_close(dense(b.images, b.points, b.target, b.valid, bucket, dense=True)[0], want)
@@ -374,7 +374,7 @@ def test_extra_points_lie_in_their_query_patch_and_cost_no_token():
     with torch.no_grad():
         loss, _ = obj(b.images, b.points, b.target, b.valid, 16, b.extra)
         both = torch.cat([b.points, xp], 1)
-        want = SiLogLoss(0.5)(model.forward_packed(b.images, both, 16), torch.cat([b.target, xt], 1),
+        want = SiLogLoss(0.5)(model.packed_core(b.images, both, 16), torch.cat([b.target, xt], 1),
                               torch.cat([b.valid, xv], 1))
     assert abs(float(loss) - float(want)) < 1e-5
 
