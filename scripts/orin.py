@@ -11,7 +11,8 @@ are fitted to the H200's measured profile and latencies, then moved to the Orins
 SMs, tensor rates and bandwidths, with the Orin-side efficiency fitted to published TensorRT
 latencies of Depth Anything Small. The H200 measurements are docs/results/h200_calibration.json and
 docs/results/h200_profile.json; the method and the tables are in docs/orin.md. --profile takes what
-scripts/gpu_profile.py writes as profile.json.
+scripts/gpu_profile.py writes as profile.json. The inventory is the thumbnail layout's (context
+"thumbnail", the direct head), the layout every committed H200 row ran; the glance's depth head is not in it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python scripts/orin.py` without an installed depthpack
     sys.path.insert(0, str(ROOT))
 from depthpack.core.config import PRESETS, ModelConfig, model_config  # noqa: E402
+LAYOUT = dict(context="thumbnail")  # the layout the calibration rows ran (see the docstring)
 
 RESULTS = ROOT / "docs" / "results"
 CALIBRATION = RESULTS / "h200_calibration.json"
@@ -299,7 +301,7 @@ def depth_anything_inventory(size: int = 518, variant: str = "v2", form: str = "
     """Depth Anything Small at size x size: DINOv2 ViT-S/14 (1 + N tokens, no anchors) + DPT head.
     variant: v1 / v2 (same shapes) | da3 (DualDPT head on the concatenated cls+patch features, 768 channels).
     HF's implementation (the bench's dav2 rows) splits q/k/v into three GEMMs: form 'eager'/'compiled' use it."""
-    cfg = model_config("vits", img_size=(size, size), anchor_grid=0)
+    cfg = model_config("vits", img_size=(size, size), anchor_grid=0, **LAYOUT)
     ph = pw = size // cfg.patch_size
     n = ph * pw
     s = 1 + n
@@ -526,7 +528,7 @@ class Point:
 def h200_points(cfg: ModelConfig | None = None, profiles=None) -> list[Point]:
     """The H200 calibration points. The committed measurements are of vits (cfg defaults to it); a profile
     file may name another preset."""
-    cfg = cfg or model_config("vits")
+    cfg = cfg or model_config("vits", **LAYOUT)
     pts = []
     for row, b, q, ms, src in h200_bench():
         k = _bucket(cfg, q)
@@ -540,7 +542,7 @@ def h200_points(cfg: ModelConfig | None = None, profiles=None) -> list[Point]:
     for prof in (profiles if profiles is not None else h200_profiles()):
         form = _form(prof.get("backend", "compile+graph"))
         b, k = prof.get("batch", 1), prof.get("bucket", 256)
-        pcfg = model_config(prof["preset"]) if prof.get("preset") else cfg
+        pcfg = model_config(prof["preset"], **LAYOUT) if prof.get("preset") else cfg
         inv = packed_inventory(pcfg, b, k, k, form)
         src = prof.get("source", "docs/results/h200_profile.json")
         have = kernel_count(inv)
@@ -1084,7 +1086,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", action="append", default=[], metavar="FILE",
                     help="measured profile JSON (repeatable); replaces the committed H200 profile numbers")
     args = ap.parse_args(argv)
-    cfg = model_config(args.preset)
+    cfg = model_config(args.preset, **LAYOUT)
     profiles = load_profiles(args.profile) if args.profile else None
     rep = run(cfg, profiles)
     cal = json.loads(CALIBRATION.read_text())

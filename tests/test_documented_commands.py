@@ -53,7 +53,7 @@ RULES = [
     (r"--device\s+cuda", ARGS, "needs a CUDA GPU"),
     (r"/opt/depthpack", ARGS, "a Jetson's export (docs/install.md)"),
     (r"scripts/(gpu_\w+|cpp_frame_loop)\.sh", ARGS, "a GPU run script"),
-    (r"depthpack\.train\s.*configs/(demo|scale|vits_\w+)\.yaml|depthpack\.bench\s.*--preset\s+vits|depthpack\.demo\s",
+    (r"depthpack\.train\s.*configs/(demo|scale|vits_\w+)\.yaml|depthpack\.bench\s.*--preset\s+vits|scripts/demo\.py\s",
      ARGS, "trains or benchmarks a full-size model: minutes to hours on 2 CPU cores"),
     (r"\s/(tmp|data)/|=/(tmp|data)/", ARGS, "writes under /tmp or /data, outside the test's folder"),
     (r"--profile\s", ARGS, "needs a profile measured on a GPU (python scripts/gpu_profile.py)"),

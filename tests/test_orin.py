@@ -24,7 +24,7 @@ _spec.loader.exec_module(orin)
 
 @pytest.fixture(scope="module")
 def h200():
-    return orin.calibrate_h200(model_config("vits"))
+    return orin.calibrate_h200(model_config("vits", **orin.LAYOUT))
 
 
 def _counted(model, fn):
@@ -45,7 +45,7 @@ def test_packed_inventory_flops_equal_flop_counter(preset, bucket, queries):
     from depthpack.core.model import create_model
 
     torch.manual_seed(0)
-    m = create_model(preset).eval()
+    m = create_model(preset, **orin.LAYOUT).eval()
     cfg = m.cfg
     H, W = cfg.img_size
     images = torch.rand(1, 3, H, W)
@@ -59,7 +59,7 @@ def test_packed_inventory_flops_equal_flop_counter(preset, bucket, queries):
 def test_dense_inventory_flops_equal_flop_counter():
     from depthpack.core.model import create_model
 
-    m = create_model("tiny").eval()
+    m = create_model("tiny", **orin.LAYOUT).eval()
     H, W = m.cfg.img_size
     points = torch.rand(2, 7, 2) * (H - 1)
     total, gemm = _counted(m, lambda: m.forward_dense(torch.rand(2, 3, H, W), points))
@@ -70,7 +70,7 @@ def test_dense_inventory_flops_equal_flop_counter():
 
 def test_inventories_equal_the_benchmarks_gflop_and_kernel_counts():
     """Every committed H200 row's GFLOP (FlopCounterMode on the H200) and, for the graph rows, kernel count."""
-    cfg = model_config("vits")
+    cfg = model_config("vits", **orin.LAYOUT)
     seen = 0
     for results in orin.h200_results().values():
         for r in results:
@@ -137,7 +137,7 @@ def test_fit_finds_the_same_optimum_from_elsewhere(h200):
     """The committed defaults sit near the optimum (to keep the CLI fast); a fit from a start 40% off lands on
     (about) the same loss."""
     params, errs = h200
-    pts = orin.h200_points(model_config("vits"))
+    pts = orin.h200_points(model_config("vits", **orin.LAYOUT))
     start = replace(orin.Params(), **{n: getattr(orin.Params(), n) * (1.4 if i % 2 else 0.7)
                                       for i, n in enumerate(orin.FIT_NAMES) if n != "sharp"})
     p2 = orin.fit(pts, orin.DEVICES["h200"], start, orin.FIT_NAMES)
@@ -152,7 +152,7 @@ def _corners(h200):
 
 
 def test_more_queries_never_faster(h200):
-    cfg = model_config("vits")
+    cfg = model_config("vits", **orin.LAYOUT)
     qs = [1, 16, 63, 64, 65, 200, 256, 257, 512, 700, 1024]
     for p in _corners(h200).values():
         for key in orin.TARGETS + ("h200",):
@@ -165,7 +165,7 @@ def test_more_queries_never_faster(h200):
 
 
 def test_a_bigger_device_is_never_slower(h200):
-    cfg = model_config("vits")
+    cfg = model_config("vits", **orin.LAYOUT)
     agx, nx, nano = (orin.DEVICES[k] for k in orin.TARGETS)
     bigger = replace(nano, key="nano_x2", sms=16, clock_ghz=1.3, peak_tflops=orin._orin_peak(16, 1.3), mem_gbs=204.8,
                      l2_mb=4.0)
@@ -210,7 +210,7 @@ def test_profile_file_becomes_calibration_points(tmp_path):
     f = _profile_file(tmp_path)
     profs = orin.load_profiles([str(f)])
     assert profs[0]["categories_us"]["gemm"] == 234.7 and profs[0]["graph_replay_ms"] == 0.5024
-    pts = orin.h200_points(model_config("vits"), profs)
+    pts = orin.h200_points(model_config("vits", **orin.LAYOUT), profs)
     ids = [p.id for p in pts]
     assert any("gemm busy" in i for i in ids) and any("graph replay" in i for i in ids)
     assert len(pts) == len(orin.H200_BENCH) + 5  # 4 category groups + the replay (no kernel-line roles)

@@ -42,10 +42,12 @@ class ModelConfig:
     head_dim: int = 128  # hidden width of the query head
     head_freqs: int = 4  # Fourier frequencies of the in-patch offset encoding
     head_abs_pos: bool = False  # the head also reads the point's position in the image (Fourier, same freqs)
-    glance_depth: bool = True  # context "glance": the glance tokens decode depth anywhere in the image (GlanceHead,
-    #   a low-resolution dense depth model in every buffer), trained by a dense loss over the glance image's pixels
-    query_head: str = "residual"  # "residual" (needs glance_depth): the glance depth at the point times exp(a
-    #   residual from its patch token) (ResidualHead); "direct": a query's depth from its patch token (QueryHead)
+    glance_depth: bool | None = None  # the glance tokens decode depth anywhere in the image (GlanceHead, a
+    #   low-resolution dense depth model in every buffer), trained by a dense loss over the glance image's pixels;
+    #   None: on with the glance context
+    query_head: str | None = None  # "residual" (needs glance_depth): the glance depth at the point times exp(a
+    #   residual from its patch token) (ResidualHead); "direct": a query's depth from its patch token (QueryHead);
+    #   None: residual with glance_depth, else direct
     min_depth: float = 0.1  # meters
     max_depth: float = 80.0
     # metric depth that follows the lens (Metric3D's canonical camera): None = off (no focal input,
@@ -79,12 +81,18 @@ class ModelConfig:
             if gh < 1 or gw < 1 or H % gh or W % gw:
                 problems.append(f"glance_grid {self.glance_grid} must be two positive divisors of img_size {self.img_size} "
                                 f"(each region one box of whole pixels)")
+        if self.glance_depth is None:
+            self.glance_depth = self.context == "glance"
+        if self.query_head is None:
+            self.query_head = "residual" if self.glance_depth else "direct"
         if self.glance_depth and self.context != "glance":
             problems.append(f"glance_depth needs context 'glance' (the glance tokens decode the depth), got {self.context!r}")
         if self.query_head not in QUERY_HEADS:
             problems.append(f"query_head {self.query_head!r} must be one of {', '.join(QUERY_HEADS)}")
         elif self.query_head == "residual" and not self.glance_depth:
             problems.append("query_head 'residual' needs glance_depth (the residual corrects the glance depth)")
+        if self.head_abs_pos and self.query_head != "direct":
+            problems.append(f"head_abs_pos needs query_head 'direct' (the {self.query_head} head has no position term)")
         if not 0 <= self.registers <= min(self.buckets or (0,)):
             problems.append(f"registers {self.registers} must lie in [0, {min(self.buckets or (0,))}] (no more than the "
                             f"smallest bucket's patch slots)")

@@ -83,11 +83,14 @@ def test_bounds_every_metric_depth_reachable_and_never_exceeded(focal_model):
 
 
 def test_canonical_range_widened_by_the_ratio_range():
-    m = create_model("tiny", canonical_focal=FC, focal_ratio_range=(0.25, 4.0))
-    assert math.exp(m.head.log_min) == pytest.approx(m.cfg.min_depth / 4.0)
-    assert math.exp(m.head.log_max) == pytest.approx(m.cfg.max_depth / 0.25)
-    off = create_model("tiny")
-    assert (math.exp(off.head.log_min), math.exp(off.head.log_max)) == pytest.approx((off.cfg.min_depth, off.cfg.max_depth))
+    for kw in (dict(query_head="direct"), {}):  # the direct head's range, or the glance head's (the residual's base)
+        m = create_model("tiny", canonical_focal=FC, focal_ratio_range=(0.25, 4.0), **kw)
+        head = m.head if m.cfg.query_head == "direct" else m.glance_head
+        assert math.exp(head.log_min) == pytest.approx(m.cfg.min_depth / 4.0)
+        assert math.exp(head.log_max) == pytest.approx(m.cfg.max_depth / 0.25)
+        off = create_model("tiny", **kw)
+        head = off.head if off.cfg.query_head == "direct" else off.glance_head
+        assert (math.exp(head.log_min), math.exp(head.log_max)) == pytest.approx((off.cfg.min_depth, off.cfg.max_depth))
 
 
 @pytest.mark.parametrize("focal,msg", [

@@ -101,9 +101,20 @@ def test_the_glance_loss_ignores_invalid_pixels(residual):
     assert set(target[tvalid].tolist()) <= set(depth[valid].tolist())
 
 
-@pytest.mark.parametrize("kw, match", [(dict(glance_depth=True), "glance_depth needs context 'glance'"),
-                                       (dict(query_head="residual"), "needs glance_depth"),
+@pytest.mark.parametrize("kw, match", [(dict(context="thumbnail", glance_depth=True), "glance_depth needs context 'glance'"),
+                                       (dict(glance_depth=False, query_head="residual"), "needs glance_depth"),
                                        (dict(query_head="mixture"), "query_head 'mixture' must be one of")])
 def test_the_glance_options_are_checked(kw, match):
     with pytest.raises(ValueError, match=match):
         create_model("tiny", **kw)
+
+
+@pytest.mark.parametrize("kw, layout", [({}, ("glance", (4, 4), True, "residual")),
+                                        (dict(context="thumbnail"), ("thumbnail", None, False, "direct")),
+                                        (dict(glance_depth=False), ("glance", (4, 4), False, "direct")),
+                                        (dict(img_size=(48, 96)), ("glance", (2, 4), True, "residual"))])
+def test_the_default_layout_follows_the_context(kw, layout):
+    """The default is the glance with its depth and the residual head; the thumbnail context alone turns both
+    off; the glance grid is the divisor of the image nearest 2.5 patches a region."""
+    c = create_model("tiny", **kw).cfg
+    assert (c.context, c.glance_grid, c.glance_depth, c.query_head) == layout

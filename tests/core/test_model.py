@@ -57,8 +57,15 @@ def test_selecting_every_token_equals_dense(tiny):
     assert (small - dense).abs().max() > 1e-3
 
 
-def test_packed_ignores_unselected_patches(tiny):
+@pytest.fixture(scope="module")
+def thumb():
+    """The thumbnail layout with the direct head: the one whose answers can run without the anchors."""
+    return randomize_(create_model("tiny", context="thumbnail")).eval()
+
+
+def test_packed_ignores_unselected_patches(thumb):
     # a patch outside the selection cannot influence the packed answer, but does influence dense
+    tiny = thumb
     pts = torch.tensor([[[4.0, 4.0]]])  # patch 0, bucket 8: its 3x3 neighbourhood + spread
     index, _ = select_tokens(pts, 8, 8, (8, 8), tiny.spread_rank)
     unselected = sorted(set(range(64)) - set(index[0].tolist()))[0]
@@ -71,8 +78,10 @@ def test_packed_ignores_unselected_patches(tiny):
         assert not torch.equal(tiny.forward_dense(img, pts, anchors=False), tiny.forward_dense(img2, pts, anchors=False))
 
 
-def test_anchors_carry_global_context(tiny):
-    # every unselected patch changes: only the anchors (a thumbnail of the whole image) can see it
+@pytest.mark.parametrize("layout", ["thumb", "tiny"])
+def test_anchors_carry_global_context(layout, request):
+    # every unselected patch changes: only the anchors (a thumbnail or the glance of the whole image) can see it
+    tiny = request.getfixturevalue(layout)
     pts = torch.tensor([[[4.0, 4.0]]])
     index, _ = select_tokens(pts, 8, 8, (8, 8), tiny.spread_rank)
     img = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(9))
@@ -82,7 +91,11 @@ def test_anchors_carry_global_context(tiny):
         img2[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = img[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8]
     with torch.no_grad():
         assert (tiny(img, pts) - tiny(img2, pts)).abs().max() > 1e-4
-        assert torch.equal(tiny(img, pts, anchors=False), tiny(img2, pts, anchors=False))
+        if tiny.cfg.query_head == "direct":
+            assert torch.equal(tiny(img, pts, anchors=False), tiny(img2, pts, anchors=False))
+        else:  # the residual head corrects the glance depth: without the glance there is nothing to correct
+            with pytest.raises(ValueError, match="needs the glance tokens"):
+                tiny(img, pts, anchors=False)
 
 
 def test_depth_map_equals_queries(tiny):
@@ -227,7 +240,7 @@ def test_timm_backbone_checkpoint_loads_unchanged(tmp_path):
         create_model("tiny", backbone_weights=str(tmp_path / "missing.pth"))
 
 
-PARAMS_M = {"tiny": 0.12, "small": 0.87, "vits": 22.2, "vitb": 86.8, "vitl": 304.6}  # the README's table
+PARAMS_M = {"tiny": 0.13, "small": 0.88, "vits": 22.2, "vitb": 86.8, "vitl": 304.7}  # the README's table
 
 
 @pytest.mark.parametrize("preset", sorted(PARAMS_M))
@@ -287,7 +300,7 @@ def test_bf16_close_to_float32(tiny):
 def test_head_position_term_keeps_the_paths_equal():
     """head_abs_pos: the head also reads where the point is; packed = masked, full bucket = dense,
     and the dense map equals querying each pixel."""
-    m = randomize_(create_model("tiny", head_abs_pos=True)).eval()
+    m = randomize_(create_model("tiny", head_abs_pos=True, query_head="direct")).eval()
     img, pts = rand_inputs(21, 2, 12)
     ipts = pts.floor()
     with torch.no_grad():
@@ -297,7 +310,7 @@ def test_head_position_term_keeps_the_paths_equal():
         off = m.forward_dense(img, ipts)
     b, il = torch.arange(2)[:, None], ipts.long()
     assert (dmap[b, il[..., 1], il[..., 0]] - q).abs().max() < ATOL
-    plain = create_model("tiny").eval()
+    plain = create_model("tiny", query_head="direct").eval()
     plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("head.pos.")})
     with torch.no_grad():
         assert (plain.forward_dense(img, ipts) - off).abs().max() > 1e-3  # the term is really there
@@ -344,7 +357,7 @@ def test_folded_input_normalization_is_the_same_embedding(over):
     assert w.shape == (384, 592) and w[:, 588:].abs().max() == 0
 
 
-CONTEXTS = [dict(context="glance", glance_grid=(4, 4)), dict(context="glance", glance_grid=(2, 4)),
+CONTEXTS = [dict(context="glance", glance_grid=(4, 4)), dict(context="glance", glance_grid=(2, 4), glance_depth=False),
             dict(context="glance", glance_grid=(8, 8), registers=4), dict(context="thumbnail", registers=2)]
 
 
@@ -360,6 +373,10 @@ def test_context_tokens_keep_packed_equal_to_masked_and_dense(ctx):
             packed = m(img, pts)
             torch.testing.assert_close(packed, m.forward_masked(img, pts), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(m.packed_core(img, pts, 64), m.forward_dense(img, pts), rtol=1e-5, atol=1e-5)
+            if m.cfg.query_head == "residual":  # it corrects the glance depth: no answer without the glance
+                with pytest.raises(ValueError, match="needs the glance tokens"):
+                    m(img, pts, anchors=False)
+                continue
             off = m(img, pts, anchors=False)
         assert (off - packed).abs().max() > 1e-3
 

@@ -131,13 +131,10 @@ def frames_exported(built) -> Path:
 
 
 @pytest.fixture(scope="module")
-def map_exported(runner, tmp_path_factory) -> Path:
-    """A model with a glance depth and the residual head: packages with a second output, the map."""
-    out = export_dir(tmp_path_factory, "tiny_map")
-    return finish_export(start_kept_export(out, model=MAP_MODEL), out)
-
-
-MAP_MODEL = "context=glance,glance_grid=4,glance_depth=true,query_head=residual"
+def thumbnail_exported(runner, tmp_path_factory) -> Path:
+    """A model with thumbnail anchors: no glance depth, the direct head, packages with one output."""
+    out = export_dir(tmp_path_factory, "tiny_thumbnail")
+    return finish_export(start_kept_export(out, model="context=thumbnail"), out)
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +171,7 @@ def python_frame_depth():
 
     def depth(frames: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return run_chunked(lambda x, p, k: PackedForward(model, k, frame)(x, p), frames, points, BUCKETS)
+            return run_chunked(lambda x, p, k: PackedForward(model, k, frame)(x, p)[0], frames, points, BUCKETS)
     return depth
 
 
@@ -292,28 +289,28 @@ def test_check_refuses_a_reference_that_is_not_finite(runner, exported, tmp_path
     assert len(lines) == 1 and str(tmp_path / "nan.safetensors") in lines[0] and "not finite" in lines[0], lines
 
 
-def test_the_map_comes_back_as_from_python(runner, map_exported, exported, tmp_path):
-    """Packages with a map: the reference check compares it too, --map writes the map of the same call
-    and it equals Python's runner over the same packages; packages without one refuse --map."""
+def test_the_map_comes_back_as_from_python(runner, exported, thumbnail_exported, tmp_path):
+    """The default packages carry a map: the reference check compares it too, --map writes the map of the
+    same call and it equals Python's runner over the same packages; thumbnail packages refuse --map."""
     from depthpack.runtime.predictor import Predictor
 
-    manifest = map_exported / "manifest.json"
-    proc = run(runner, "--manifest", manifest, "--check", map_exported / "reference.safetensors")
+    manifest = exported / "manifest.json"
+    proc = run(runner, "--manifest", manifest, "--check", exported / "reference.safetensors")
     assert proc.returncode == 0 and "and the map" in proc.stderr and ": OK" in proc.stderr, proc.stderr
-    ref = load_file(str(map_exported / "reference.safetensors"))
+    ref = load_file(str(exported / "reference.safetensors"))
     images = ref["images"][:1]
     pts = ref["points"][0, :11]
     csv = write_csv(tmp_path / "pts.csv", pts.numpy())
-    proc = run(runner, "--manifest", manifest, "--image", map_exported / "reference.safetensors", "--points", csv,
+    proc = run(runner, "--manifest", manifest, "--image", exported / "reference.safetensors", "--points", csv,
                "--out", tmp_path / "depth.csv", "--map", tmp_path / "map.csv")
     assert proc.returncode == 0, proc.stderr
     depth, dmap = Predictor.from_packages(manifest, device="cpu").predict(images, pts[None], return_map=True)
-    assert_close(read_out(tmp_path / "depth.csv")[:, 2], depth[0].numpy(), *tolerance(map_exported))
+    assert_close(read_out(tmp_path / "depth.csv")[:, 2], depth[0].numpy(), *tolerance(exported))
     got = np.loadtxt(tmp_path / "map.csv", delimiter=",")
-    assert got.shape == tuple(manifest_of(map_exported)["map"]["size"]) == (32, 32)
-    assert_close(got.ravel(), dmap[0].numpy().ravel(), *tolerance(map_exported))
-    proc = run(runner, "--manifest", exported / "manifest.json", "--image", exported / "reference.safetensors",
-               "--points", csv, "--map", tmp_path / "none.csv")
+    assert got.shape == tuple(manifest_of(exported)["map"]["size"]) == (32, 32)
+    assert_close(got.ravel(), dmap[0].numpy().ravel(), *tolerance(exported))
+    proc = run(runner, "--manifest", thumbnail_exported / "manifest.json", "--image",
+               thumbnail_exported / "reference.safetensors", "--points", csv, "--map", tmp_path / "none.csv")
     assert proc.returncode == 1 and "return no map" in proc.stderr, proc.stderr
 
 
@@ -1038,7 +1035,7 @@ def test_focal_flag_on_raw_frames_equals_python(runner, focal_exported, focal_mo
         out = read_frames_out(tmp_path / "o.csv")
         for i in range(2):
             with torch.no_grad():
-                fn = lambda x, p, k, *focal: PackedForward(focal_model, k, frame)(x, p, *focal)  # noqa: E731
+                fn = lambda x, p, k, *focal: PackedForward(focal_model, k, frame)(x, p, *focal)[0]  # noqa: E731
                 want = run_chunked(fn, torch.from_numpy(frames[i:i + 1]), points, BUCKETS,
                                    *([torch.tensor([f])] if f else []))[0].numpy()
             assert np.abs(out[out[:, 0] == i, 3] - want).max() < 1e-4, f
@@ -1321,4 +1318,4 @@ def test_context_tokens_through_the_packages_the_cpp_runner_and_onnx(runner, tmp
     for k, fn in runners.items():
         images, pts = torch.rand(1, 3, 64, 64, generator=g), torch.rand(1, k, 2, generator=g) * 63.9
         with torch.no_grad():
-            torch.testing.assert_close(fn(images, pts), model.packed_core(images, pts, k), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(fn(images, pts)[0], model.packed_core(images, pts, k), atol=1e-4, rtol=1e-4)

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = (8, 64)
 SPEC_KEYS = {"format", "preset", "model_config", "image_size", "patch_size", "batch_size", "device",
              "compute_capability", "arch", "dtype", "torch_version", "min_depth", "max_depth", "preprocess",
-             "tolerance", "buckets", "onnx", "reference", "frame", "build", "weights"}  # written out, independently of the contract
+             "tolerance", "buckets", "onnx", "reference", "frame", "build", "weights", "map"}  # written out, independently of the contract
 
 
 def _cli():
@@ -64,7 +64,8 @@ def fresh_inputs(k: int, seed: int, batch: int = 1):
 
 def test_manifest_keys_values_and_hashes(exported):
     m, out = exported.manifest, exported.out
-    assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx", "build"}
+    assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx", "build", "map"}
+    assert m["map"] == {"size": list(exported.model.cfg.glance_map_size)}  # the default layout has the glance's map
     assert m["format"] == FORMAT == "depthpack-manifest/4" and m["preset"] == "tiny"
     assert m["image_size"] == [64, 64] and m["patch_size"] == 8 and m["batch_size"] == 1
     assert m["device"] == "cpu" and m["compute_capability"] is None and m["arch"] == platform.machine()
@@ -80,7 +81,8 @@ def test_manifest_keys_values_and_hashes(exported):
         assert b["file"] == f"depthpack_k{k}.pt2" and sha256_file(out / b["file"]) == b["sha256"]
         assert b["inputs"] == [{"name": "images", "shape": [1, 3, 64, 64], "dtype": "float32"},
                                {"name": "points", "shape": [1, k, 2], "dtype": "float32"}]
-        assert b["outputs"] == [{"name": "depth", "shape": [1, k], "dtype": "float32"}]
+        assert b["outputs"] == [{"name": "depth", "shape": [1, k], "dtype": "float32"},
+                                {"name": "map", "shape": [1, 32, 32], "dtype": "float32"}]  # glance 4x4, patch 8
     assert [o["bucket"] for o in m["onnx"]] == list(BUCKETS)
     for o in m["onnx"]:
         assert sha256_file(out / o["file"]) == o["sha256"]
@@ -109,11 +111,12 @@ def test_packages_equal_eager_on_fresh_inputs(exported):
     assert sorted(runners) == list(BUCKETS)
     for k, fn in runners.items():
         images, points = fresh_inputs(k, seed=100 + k)
-        got = fn(images, points)
+        got, got_map = fn(images, points)
         with torch.no_grad():
-            want = exported.model.packed_core(images, points, k)
+            want, want_map = exported.model.packed_map_core(images, points, k)
         assert got.shape == (1, k) and got.dtype == torch.float32
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got_map, want_map, atol=1e-4, rtol=1e-4)
         assert got.min() >= 0.1 - 1e-6 and got.max() <= 20.0 + 1e-5
     with pytest.raises(ValueError, match="points must be float32"):
         runners[8](images, torch.zeros(1, 9, 2))  # wrong shape: refused on the host
@@ -260,7 +263,7 @@ def test_export_graph_is_static():
 
     class DataDependent(torch.nn.Module):  # negative control: the check must see nonzero
         def forward(self, images, points):
-            return torch.nonzero(points[..., 0] > 10).float().sum() + PackedForward(model, 8)(images, points)
+            return torch.nonzero(points[..., 0] > 10).float().sum() + PackedForward(model, 8)(images, points)[0]
 
     images, points = example_inputs(model.cfg, 1, 8, "cpu", torch.Generator().manual_seed(0))
     bad = torch.export.export(DataDependent(), (images, points), strict=False)
@@ -409,7 +412,7 @@ def test_frame_onnx_equals_eager(exported_frames):
     pts = torch.rand(1, 8, 2, generator=g) * torch.tensor([79.9, 47.9])
     got = sess.run(["depth"], {"frames": frames.numpy(), "points": pts.numpy()})[0]
     with torch.no_grad():
-        want = PackedForward(exported_frames.model, 8, exported_frames.manifest["frame"])(frames, pts)
+        want = PackedForward(exported_frames.model, 8, exported_frames.manifest["frame"])(frames, pts)[0]
     torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=1e-4)
 
 
@@ -462,7 +465,7 @@ def test_reuse_packages_takes_new_weights_without_a_compile(exported, tmp_path):
     _, runners = load_runners(out / "manifest.json", "cpu")
     for k, fn in runners.items():
         images, points = fresh_inputs(k, seed=300 + k)
-        got = fn(images, points)
+        got = fn(images, points)[0]
         with torch.no_grad():
             want, old = new_model.packed_core(images, points, k), exported.model.packed_core(images, points, k)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

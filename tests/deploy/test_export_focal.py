@@ -72,9 +72,9 @@ def test_packages_follow_the_focal(kind, images_export, frames_export):
         inputs, pts = _fresh(g, frame is not None)
         focal = torch.tensor([f])
         with torch.no_grad():
-            want = PackedForward(ex.model, 8, frame)(inputs, pts, focal)
+            want = PackedForward(ex.model, 8, frame)(inputs, pts, focal)  # (depth, map)
         torch.testing.assert_close(runners[8](inputs, pts, focal), want, atol=1e-4, rtol=1e-4)
-    d1, d2 = runners[8](inputs, pts, torch.tensor([30.0])), runners[8](inputs, pts, torch.tensor([60.0]))
+    d1, d2 = (runners[8](inputs, pts, torch.tensor([f]))[0] for f in (30.0, 60.0))
     torch.testing.assert_close(d2, 2 * d1, atol=1e-4, rtol=1e-4)  # depth follows the focal
     with pytest.raises(ValueError, match="takes 3 inputs"):
         runners[8](inputs, pts)
@@ -108,7 +108,7 @@ def test_onnx_takes_the_focal(kind, images_export, frames_export):
         inputs, pts = _fresh(g, frame is not None)
         got = sess.run(["depth"], {kind: inputs.numpy(), "points": pts.numpy(), "focal": np.array([f], np.float32)})[0]
         with torch.no_grad():
-            want = PackedForward(ex.model, 8, frame)(inputs, pts, torch.tensor([f]))
+            want = PackedForward(ex.model, 8, frame)(inputs, pts, torch.tensor([f]))[0]
         torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=1e-4)
 
 
