@@ -29,7 +29,8 @@ INF = float("inf")
 KINDS = ("plain", "checker", "stripes", "grid", "noise", "road")  # material patterns
 PRIM_KINDS = ("plane", "box", "sphere", "cyl")
 TILE = 32  # value-noise tiles are TILE x TILE, periodic
-ELEMENTS = 1 << 16  # (ray, primitive) pairs tested at once: their temporaries stay in the cache
+ELEMENTS = 1 << 16  # (ray, primitive) pairs tested at once on a CPU: their temporaries stay in the cache
+GPU_ELEMENTS = 1 << 22  # on a GPU: pieces large enough that launches and syncs do not dominate (about 1 GB)
 DENSE_ELEMENTS = 1 << 24  # (ray, plane) pairs tested at once (every ray meets every plane)
 
 
@@ -311,6 +312,11 @@ def screen_rects(batch: SceneBatch, pts: torch.Tensor | None, H: int, W: int, S:
     return torch.where(behind[..., None], whole, rect)
 
 
+def pieces(device: torch.device) -> int:
+    """(ray, primitive) pairs per piece of triples() on this device."""
+    return ELEMENTS if torch.device(device).type == "cpu" else GPU_ELEMENTS
+
+
 def triples(rects: torch.Tensor, keep: torch.Tensor, W: int, budget: int = 0):
     """The (flat slot b * S + s, pixel) pairs inside each kept slot's rectangle, in pieces of about
     `budget` pairs (0: one piece): yields (own [L], pixel [L], scene [L])."""
@@ -369,7 +375,7 @@ def cast(batch: SceneBatch, H: int, W: int):
         S = p["gid"].shape[1]
         rects = screen_rects(batch, corners(batch, kind), H, W, S)
         gid = p["gid"].reshape(-1)
-        for own, pixel, scene in triples(rects, p["gid"] >= 0, W, ELEMENTS):
+        for own, pixel, scene in triples(rects, p["gid"] >= 0, W, pieces(dev)):
             ray = scene * N + pixel
             t = _camera_hits(batch, kind, own, [x.index_select(0, ray) for x in flat_d], flat_dd.index_select(0, ray))
             found = torch.nonzero(t < INF).squeeze(1)
@@ -561,7 +567,7 @@ def unshadowed(batch: SceneBatch, origins: list[torch.Tensor], need: torch.Tenso
         p = batch.prims[kind]
         S = p["gid"].shape[1]
         rects = screen_rects(batch, shadow_hulls(batch, kind), H, W, S)
-        for own, pixel, scene in triples(rects, p["shadow"], W, ELEMENTS):
+        for own, pixel, scene in triples(rects, p["shadow"], W, pieces(batch.device)):
             ray = scene * N + pixel
             use = torch.nonzero(flat_need.index_select(0, ray)).squeeze(1)
             own, ray, scene = own.index_select(0, use), ray.index_select(0, use), scene.index_select(0, use)

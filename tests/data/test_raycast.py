@@ -99,6 +99,16 @@ def test_a_scene_renders_the_same_alone_and_in_any_batch():
         np.testing.assert_array_equal(batch["K"][j].numpy(), alone[i]["K"])
 
 
+def test_the_piece_size_changes_nothing(monkeypatch):
+    """A GPU tests (ray, primitive) pairs in larger pieces than a CPU: the image is the same whatever the size."""
+    want = syn.render_batch(4, [0, 1, 2], (40, 52), "mixed", "train", rig="varied")
+    for elements in (1 << 8, 1 << 24):
+        monkeypatch.setattr(rc, "ELEMENTS", elements)
+        got = syn.render_batch(4, [0, 1, 2], (40, 52), "mixed", "train", rig="varied")
+        for k in ("depth", "image"):
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+
 def test_ties_go_to_the_primitive_drawn_first():
     H, W = 8, 8
     cam = syn.Camera(8.0, 8.0, W / 2, H / 2, np.eye(3), np.zeros(3))
