@@ -114,6 +114,21 @@ def block_h200_latency() -> list[str]:
     return lines
 
 
+def block_h200_layout() -> list[str]:
+    data = load("h200_scale_checks.json")
+    lat = data["latency"]
+    base = lat["144 thumbnail anchors"]
+    rows = [[name, ms(r["median_ms"]), ms(r["p90_ms"]), ms(r["back_to_back_ms"]), r["kernels"], f"{r['gflop']:.2f}",
+             f"{r['median_ms'] / base['median_ms'] - 1:+.0%}"] for name, r in lat.items()]
+    render = [[kind, f"{r['total_ms']:.1f}", f"{r['render_ms']:.1f}", f"{r['scenes_per_s']:.0f}"]
+              for kind, r in data["render"]["per_scene_ms"].items()]
+    i = data["info"]
+    return table(["layout (vits bf16, 420x560)", "B1 Q256 ms", "p90 ms", "back-to-back ms", "kernels", "GFLOP",
+                  "call vs thumbnail"], rows) + [""] + table(
+        ["scenes (420x560, batch 64)", "ms a scene", "of which cast + shade", "scenes/s"], render) + [
+        "", f"{i['gpu']}, torch {i['torch']}, commit `{i['commit']}` ({i['note']})."]
+
+
 def block_cpu_latency() -> list[str]:
     data = load("cpu_bench.json")
     return [_caption(data), "", data["what"] + ".", ""] + latency(data)
