@@ -173,7 +173,7 @@ def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
     from .viz import _plt
 
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharex=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 7), sharex=True)
     packed_names = sorted({r["name"] for r in rows if r["path"] == "packed"})
     dense_trained = sorted({r["name"] for r in rows if r["path"] == "dense"} - set(packed_names))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -193,22 +193,29 @@ def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
                       and r[key] is not None]
             if glance:
                 ax.plot(*zip(*sorted(glance)), "x:", color=c, lw=0.8, label=f"{name}: its glance depth")
-        for name in dense_trained:
-            pts = sorted({(r["encoder_gflop"], r[key], r["image"]) for r in rows if r["name"] == name and r[key] is not None})
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "s", color="black", mfc="none")
-                for x, y, im in pts:
-                    ax.annotate(f"dense {im}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        curve = []
+        for name in dense_trained:  # at the largest Q's points (the most points): one marker a model
+            mine = [r for r in rows if r["name"] == name and r[key] is not None]
+            if mine:
+                r = max(mine, key=lambda r: r["q"])
+                ax.plot(r["encoder_gflop"], r[key], "s", color="black", mfc="none")
+                ax.annotate(f"dense {r['image']}" + (f" s{r['seed']}" if r["seed"] else ""), (r["encoder_gflop"], r[key]),
+                            textcoords="offset points", xytext=(4, -10), fontsize=7)
+                curve += [(r["encoder_gflop"], r[key])] if not r["seed"] else []
+        if len(curve) > 1:
+            ax.plot(*zip(*sorted(curve)), "--", color="black", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("encoder GFLOP per image (log)")
         ax.set_ylabel(f"AbsRel, {label} (lower is better)")
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0].plot([], [], "s", color="black", mfc="none", label="dense-trained model, run dense (image size)")
-    axes[0].legend(fontsize=7)
+    axes[0].plot([], [], "s--", color="black", mfc="none", lw=0.8,
+                 label="dense-trained models, run dense (image size; at the largest Q's points)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.022 * ((len(labels) + 1) // 2), 1, 0.96))
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

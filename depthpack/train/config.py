@@ -82,7 +82,6 @@ class TrainConfig:
     glance_loss: float = 1.0  # weight of the glance depth map's SILog (models with glance_depth), every step
     dense_first_steps: int = 0  # schedule: the first steps train the dense path at dense_first_size, then packed
     dense_first_size: list[int] | None = None  # (H, W) of those steps, multiples of the patch (None: the model's)
-    dense_every: int = 0  # joint training: every dense_every-th step trains the dense path at the model's size
     hflip: bool = False  # mirror a training sample left-right with probability 1/2 (seeded like its points)
     ckpt_every: int = 200  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # checkpoints kept on disk (the previous one is the fallback)
@@ -147,9 +146,9 @@ class TrainConfig:
         problems = []
         if self.train_path not in ("packed", "dense"):
             problems.append(f"train_path must be packed or dense, got {self.train_path!r}")
-        if self.glance_loss < 0 or self.dense_first_steps < 0 or self.dense_every < 0:
-            problems.append(f"glance_loss, dense_first_steps and dense_every must be >= 0, got {self.glance_loss}, "
-                            f"{self.dense_first_steps}, {self.dense_every}")
+        if self.glance_loss < 0 or self.dense_first_steps < 0:
+            problems.append(f"glance_loss and dense_first_steps must be >= 0, got {self.glance_loss}, "
+                            f"{self.dense_first_steps}")
         if self.dense_first_size is not None:
             mc, size = self.model_config(), self.dense_first_size
             if len(size) != 2 or any(v < mc.patch_size or v % mc.patch_size for v in size):
@@ -270,12 +269,10 @@ def glance_size(cfg: TrainConfig) -> tuple[int, int] | None:
 
 def step_path(cfg: TrainConfig, step: int) -> tuple[str, tuple[int, int] | None]:
     """The path step trains and the image size it runs at: dense at dense_first_size for the first
-    dense_first_steps steps, dense at the model's size every dense_every-th step, else packed."""
+    dense_first_steps steps, then train_path at the model's size."""
     if step <= cfg.dense_first_steps:
         return "dense", tuple(cfg.dense_first_size) if cfg.dense_first_size else None
-    if cfg.train_path == "dense" or (cfg.dense_every and step % cfg.dense_every == 0):
-        return "dense", None
-    return "packed", None
+    return cfg.train_path, None
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:

@@ -155,3 +155,13 @@ def test_old_top_level_query_keys_are_one_error_that_says_what_to_write(tmp_path
         want = ({"min": 4, "max": 32, "edge_frac": 0.3, "random_budgets": True} if items else
                 {"counts": [8, 16], "extra_points": 15, "edge_source": "depth"})
         assert {k: getattr(written.queries, k) for k in want} == want
+
+
+def test_the_dense_first_schedule_then_the_training_path():
+    from depthpack.train.config import step_path
+
+    cfg = load_train_config(TINY, ["dense_first_steps=3", "dense_first_size=[32,32]"])
+    assert [step_path(cfg, s) for s in (1, 3, 4, 9)] == [("dense", (32, 32))] * 2 + [("packed", None)] * 2
+    assert step_path(load_train_config(TINY, ["train_path=dense"]), 1) == ("dense", None)
+    with pytest.raises(ValueError, match="dense_first_size"):
+        load_train_config(TINY, ["dense_first_size=[30,32]"])
