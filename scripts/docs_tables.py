@@ -278,11 +278,83 @@ def block_focal() -> list[str]:
 
 def block_demo_accuracy() -> list[str]:
     data = load("demo_accuracy.json")
-    rows = [[r["q"], _absrel(r["packed_absrel"]), _absrel(r["dense_absrel"]), _absrel(r["packed_absrel_no_anchors"]),
-             _absrel(r["constant_absrel"]), f"{r['constant_absrel'] / r['packed_absrel']:.2f}x"] for r in data["rows"]]
+    rows = [[r["q"], _absrel(r["packed_absrel"]), _absrel(r["packed_absrel_edge"]), _absrel(r["dense_absrel"]),
+             _absrel(r["glance_absrel"]), _absrel(r["constant_absrel"]), f"{r['constant_absrel'] / r['packed_absrel']:.2f}x"]
+            for r in data["rows"]]
     i = data["info"]
-    return table(["queries", "packed", "dense", "packed, anchors off", "best constant", "constant / packed"], rows) + [
+    return table(["queries", "packed", "packed, edge band", "dense", "its glance depth (the coarse map)", "best constant",
+                  "constant / packed"], rows) + [
         "", f"{data['what']}. {i['cpu']}, torch {i['torch']}, commit `{i['commit']}`."]
+
+
+# ---- the accuracy-cost frontier (docs/results/frontier.json, written by python -m depthpack.eval.frontier) ----
+def _frontier_caption(data: dict) -> str:
+    rows = data["rows"]
+    one = lambda key: ", ".join(sorted({str(r[key]) for r in rows}))  # noqa: E731
+    return (f"{data['plan']}: every run {one('steps')} steps on the same {one('scenes')} scenes, evaluated on the same "
+            f"held-out {rows[0]['eval_image']} images (depth-edge band: {data['band_radius']} px). {one('device')}, "
+            f"torch {one('torch')}, commit `{one('commit')}`. Source: `docs/results/frontier.json`.")
+
+
+def block_frontier() -> list[str]:
+    data = load("frontier.json")
+    dense_trained = {r["name"] for r in data["rows"] if r["path"] == "dense"} - \
+        {r["name"] for r in data["rows"] if r["path"] == "packed"}
+    keep = [r for r in data["rows"] if r["path"] == "packed" or r["name"] in dense_trained
+            or any(d["default"] and d["name"] == r["name"] for d in data["rows"])]
+    rows = [[r["name"] + (" **(default)**" if r["default"] else ""),
+             {"glance": "its glance depth", "dense": "dense" if r["name"] in dense_trained else "its dense path"}.get(
+                 r["path"], "packed"), r["image"], r["q"], r["tokens"], f"{r['encoder_gflop']:.3f}",
+             _absrel(r["absrel_uniform"]), _absrel(r["absrel_edge"])] for r in keep]
+    return table(["model", "path", "image", "Q", "tokens", "encoder GFLOP", "AbsRel uniform", "AbsRel edge band"],
+                 rows) + ["", _frontier_caption(data)]
+
+
+def _dense_curve(rows: list[dict], q: int, gflop: float, key: str) -> tuple[float, str]:
+    """The frontier a user of dense models has at this cost: the best dense-trained model (seed 0) that costs
+    no more encoder GFLOP (the cheapest one where none does), at Q's points: (AbsRel, which model)."""
+    mine = [r for r in rows if r["q"] == q and not r["seed"]]
+    fits = [r for r in mine if r["encoder_gflop"] <= gflop * (1 + 1e-6)] or \
+        [min(mine, key=lambda r: r["encoder_gflop"])]
+    best = min(fits, key=lambda r: r[key])
+    return best[key], best["name"]
+
+
+def block_frontier_targets() -> list[str]:
+    data = load("frontier.json")
+    rows = data["rows"]
+    default = [r for r in rows if r["default"]]
+    name = default[0]["name"]
+    dense_trained = [r for r in rows if r["path"] == "dense" and not any(
+        p["name"] == r["name"] and p["path"] == "packed" for p in rows)]
+    own = {(r["path"], r["q"]): r for r in rows if r["name"] == name}
+    out = []
+    for r in sorted(default, key=lambda r: r["q"]):
+        if r["q"] > r["patches"] // 4:
+            continue
+        cu, which = _dense_curve(dense_trained, r["q"], r["encoder_gflop"], "absrel_uniform")
+        ce, _ = _dense_curve(dense_trained, r["q"], r["encoder_gflop"], "absrel_edge")  # best in its own band
+        d = own[("dense", r["q"])]["absrel_uniform"]
+        out.append([r["q"], f"{r['encoder_gflop']:.3f}", which, _absrel(r["absrel_uniform"]), _absrel(cu),
+                    pct(r["absrel_uniform"] / cu - 1), _absrel(r["absrel_edge"]), _absrel(ce),
+                    pct(r["absrel_edge"] / ce - 1), _absrel(d), pct(r["absrel_uniform"] / d - 1)])
+    small = min(dense_trained, key=lambda r: r["encoder_gflop"])["image"]
+    smallest = {q: min((r for r in dense_trained if r["image"] == small and r["q"] == q and not r["seed"]),
+                       key=lambda r: r["absrel_uniform"], default=None) for q in {r["q"] for r in default}}
+    glance = [[q, _absrel(g["absrel_uniform"]), _absrel(d["absrel_uniform"]), pct(g["absrel_uniform"] / d["absrel_uniform"] - 1),
+               _absrel(g["absrel_edge"]), _absrel(d["absrel_edge"]), pct(g["absrel_edge"] / d["absrel_edge"] - 1)]
+              for q in sorted({r["q"] for r in default})
+              for g in [own.get(("glance", q))] for d in [smallest[q]] if g and d]
+    glance_table = table(["Q", "its glance depth uniform", f"dense {small} uniform", "glance vs dense", "glance edge",
+                          f"dense {small} edge", "glance vs dense"], glance) if glance else []
+    return table(["Q", "encoder GFLOP", "best dense model at no more cost (uniform)", "packed uniform", "dense uniform",
+                  "packed vs dense", "packed edge", "dense edge", "packed vs dense", "its dense path uniform",
+                  "packed vs its dense path"], out) + [
+        "", f"The default ({name}) at each Q up to a quarter of its {default[0]['patches']} patches, against the "
+            "best dense-trained model that costs no more encoder GFLOP, at the same points (in each band its best).",
+        ""] + \
+        glance_table + (["", "The coarse map of the same packed calls (the glance depth at the points) against the "
+                         f"best dense-trained model of the smallest size ({small}) at the same points."] if glance else [])
 
 
 def block_train_throughput() -> list[str]:

@@ -199,18 +199,20 @@ def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
             if mine:
                 r = max(mine, key=lambda r: r["q"])
                 ax.plot(r["encoder_gflop"], r[key], "s", color="black", mfc="none")
-                ax.annotate(f"dense {r['image']}" + (f" s{r['seed']}" if r["seed"] else ""), (r["encoder_gflop"], r[key]),
-                            textcoords="offset points", xytext=(4, -10), fontsize=7)
+                ax.annotate(name, (r["encoder_gflop"], r[key]), textcoords="offset points", xytext=(4, -10), fontsize=7)
                 curve += [(r["encoder_gflop"], r[key])] if not r["seed"] else []
-        if len(curve) > 1:
-            ax.plot(*zip(*sorted(curve)), "--", color="black", lw=0.8)
+        front = [p for i, p in enumerate(sorted(curve)) if all(p[1] < c[1] for c in sorted(curve)[:i])]
+        if front:  # the best dense model at no more cost, out to the dearest point of the figure
+            front.append((max(r["encoder_gflop"] for r in rows), front[-1][1]))
+            ax.step(*zip(*front), "--", where="post", color="black", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("encoder GFLOP per image (log)")
         ax.set_ylabel(f"AbsRel, {label} (lower is better)")
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].plot([], [], "s--", color="black", mfc="none", lw=0.8,
-                 label="dense-trained models, run dense (image size; at the largest Q's points)")
+                 label="dense-trained models, run dense (at the largest Q's points); "
+                       "the line: the best one at no more cost")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.04 + 0.022 * ((len(labels) + 1) // 2), 1, 0.96))
@@ -261,7 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
     old = json.loads(Path(a.out).read_text()).get("rows", []) if a.only and Path(a.out).is_file() else []
     rows = [r for r in old if r["name"] not in {t["name"] for t in todo}] + rows
     doc = {"plan": str(a.plan), "image": plan["image"], "band_radius": plan.get("band_radius"),
-           "machine": platform.machine(), "rows": rows}
+           "hardware": ", ".join(sorted({str(r["device"]) for r in rows})) or platform.machine(), "rows": rows}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(a.out, doc, sort_keys=False)
     fig = figure(rows, a.figure, f"{Path(a.plan).stem}: AbsRel on {len(rows) and rows[0]['eval_image']} held-out images")
     print(f"frontier: {len(rows)} rows in {a.out}; {fig}")

@@ -46,7 +46,7 @@ def test_a_plan_trains_evaluates_and_reads_finished_runs(tmp_path):
             {"name": "dense 32x32", "path": "dense", "overrides": ["train_path=dense", "model.img_size=[32,32]",
                                                                    "model.buckets=[16]"]}]
     plan = write_plan(tmp_path, runs)
-    args = ["--plan", str(plan), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "f.json"),
+    args = ["--plan", str(plan), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "new" / "f.json"),
             "--figure", str(tmp_path / "f.png"), "--jobs", "2"]
     doc = main(args)
     rows = {(r["name"], r["path"], r["q"]): r for r in doc["rows"]}
@@ -59,7 +59,7 @@ def test_a_plan_trains_evaluates_and_reads_finished_runs(tmp_path):
     assert rows[("dense 32x32", "dense", 8)]["image"] == "32x32" and rows[("dense 32x32", "dense", 8)]["patches"] == 16
     assert rows[("packed default", "packed", 8)]["encoder_gflop"] < rows[("packed default", "dense", 8)]["encoder_gflop"]
     assert (tmp_path / "f.png").stat().st_size > 0
-    assert json.loads((tmp_path / "f.json").read_text()) == doc
+    assert json.loads((tmp_path / "new" / "f.json").read_text()) == doc  # its folder made
 
     summary = tmp_path / "runs" / "packed_default" / "summary.json"
     before = summary.stat().st_mtime_ns
