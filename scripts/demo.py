@@ -134,11 +134,16 @@ def last_json(log: Path) -> dict:
 
 
 def evaluate(ckpt: Path, out: Path, logs: Path, skip: list[str], times: dict[str, float]) -> None:
-    """Accuracy of the packed, masked and dense paths on held-out scenes, and the selection figure."""
+    """Accuracy of the packed, masked and dense paths on held-out scenes (and of the glance depth, the
+    packed call's coarse map, where the model has one), and the selection figure."""
+    from depthpack.core.checkpoint import stored_config
+
     if "eval" in skip:
         return
+    glance = ["glance"] if stored_config(ckpt)["model"].get("glance_depth") else []
     times["evaluate"] = run_step("evaluate", [sys.executable, "-m", "depthpack.eval", "--checkpoint", str(ckpt),
-                                              "--out", str(out / "eval"), "--queries", "16", "64", "256"], logs)
+                                              "--out", str(out / "eval"), "--queries", "16", "64", "256",
+                                              "--paths", "packed", "masked", "dense", *glance], logs)
     t0 = time.perf_counter()
     selection_png(ckpt, out)
     times["selection figure"] = time.perf_counter() - t0
@@ -248,7 +253,7 @@ def band_table(result: dict) -> list[str]:
     def get(band, path, q):
         return next((f"{r['abs_rel']:.4f}" for r in bands[band]["rows"] if r["path"] == path and r["queries"] == q
                      and r["anchors"] is not False), "-")
-    paths = [p for p in ("packed", "dense") if any(r["path"] == p for r in bands["uniform"]["rows"])]
+    paths = [p for p in ("packed", "dense", "glance") if any(r["path"] == p for r in bands["uniform"]["rows"])]
     lines = [f"AbsRel on uniform points and in the depth-edge band (within {result['band']['radius']} px of a depth "
              f"discontinuity):", "", "| Q | " + " | ".join(f"{p} uniform | {p} edge band" for p in paths) + " |",
              "|" + " --- |" * (1 + 2 * len(paths))]
