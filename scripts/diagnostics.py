@@ -29,6 +29,7 @@ from depthpack.core.preprocess import to_model_size
 from depthpack.data.datasets import make_dataset
 from depthpack.eval.evaluate import EvalSettings, data_config, eval_points, evaluate
 from depthpack.eval.viz import _plt
+from depthpack.runtime.engines import resolve_device
 
 
 def _attention_rows(blk, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -170,9 +171,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--queries", type=int, nargs="+", default=[256])
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    a.device = str(resolve_device(a.device))
     out = check_writable_dir(Path(a.out), "--out")
     dcfg = data_config(a.checkpoint, None, [])
 

@@ -86,7 +86,7 @@ for run in "${names[@]}"; do  # the gap over training: after every run's own eva
   is_dense "$run" && continue
   size=$(size_of "$run")
   timeout "$(limit "$EVAL_S")" $PY scripts/diagnostics.py gap --checkpoint "$WORK/$run" --queries 16 256 --max-images 128 \
-    --device cuda --out "$WORK/$run/gap" > "$WORK/gap_$run.log" 2>&1
+    --out "$WORK/$run/gap" > "$WORK/gap_$run.log" 2>&1
   echo "[$run] gap curve exit $?" | tee -a "$LOG"; cat "$WORK/$run/gap/gap.md" 2>/dev/null | tee -a "$LOG"
 done
 if [ -n "${LAYOUTS:-}" ]; then

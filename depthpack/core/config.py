@@ -75,7 +75,7 @@ class ModelConfig:
         if self.context not in CONTEXTS:
             problems.append(f"context {self.context!r} must be one of {', '.join(CONTEXTS)}")
         elif self.context != "thumbnail":
-            if self.glance_grid is None and p >= 1:
+            if self.glance_grid is None and p >= 1 and H >= 1 and W >= 1:  # derived once the size is valid
                 self.glance_grid = (default_glance(H, p), default_glance(W, p))
             gh, gw = self.glance_grid or (0, 0)
             if gh < 1 or gw < 1 or H % gh or W % gw:

@@ -29,6 +29,7 @@ def test_gpu_scale_script_smoke(tmp_path):
     ev = json.loads((out / "eval.json").read_text())
     assert {r["queries"] for r in ev["rows"]} == {4, 16, 64} and ev["dense_map"] and ev["shares"]
     paths = ("packed", "masked", "dense", "packed@32", "packed@64")  # packed@K: --context 32 64 (SCALE_SMOKE)
-    assert {(r["path"], r["anchors"]) for r in ev["rows"]} == {(p, a) for p in paths for a in (True, False)}
+    # the default layout's residual head corrects the glance depth: it has no answer with the anchors off
+    assert {(r["path"], r["anchors"]) for r in ev["rows"]} == {(p, True) for p in paths}
     log = (out / "scale.log").read_text()
     assert "train exit 0" in log and "eval exit 0" in log
