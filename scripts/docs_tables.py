@@ -296,10 +296,14 @@ def _frontier_caption(data: dict) -> str:
             f"torch {one('torch')}, commit `{one('commit')}`. Source: `docs/results/frontier.json`.")
 
 
+def _dense_trained(rows: list[dict]) -> set[str]:
+    """The runs trained dense (no packed rows): the downscale-and-run-dense models."""
+    return {r["name"] for r in rows if r["path"] == "dense"} - {r["name"] for r in rows if r["path"] == "packed"}
+
+
 def block_frontier() -> list[str]:
     data = load("frontier.json")
-    dense_trained = {r["name"] for r in data["rows"] if r["path"] == "dense"} - \
-        {r["name"] for r in data["rows"] if r["path"] == "packed"}
+    dense_trained = _dense_trained(data["rows"])
     keep = [r for r in data["rows"] if r["path"] == "packed" or r["name"] in dense_trained
             or any(d["default"] and d["name"] == r["name"] for d in data["rows"])]
     rows = [[r["name"] + (" **(default)**" if r["default"] else ""),
@@ -325,8 +329,7 @@ def block_frontier_targets() -> list[str]:
     rows = data["rows"]
     default = [r for r in rows if r["default"]]
     name = default[0]["name"]
-    dense_trained = [r for r in rows if r["path"] == "dense" and not any(
-        p["name"] == r["name"] and p["path"] == "packed" for p in rows)]
+    dense_trained = [r for r in rows if r["name"] in _dense_trained(rows)]
     own = {(r["path"], r["q"]): r for r in rows if r["name"] == name}
     out = []
     for r in sorted(default, key=lambda r: r["q"]):
@@ -341,10 +344,12 @@ def block_frontier_targets() -> list[str]:
     small = min(dense_trained, key=lambda r: r["encoder_gflop"])["image"]
     smallest = {q: min((r for r in dense_trained if r["image"] == small and r["q"] == q and not r["seed"]),
                        key=lambda r: r["absrel_uniform"], default=None) for q in {r["q"] for r in default}}
-    glance = [[q, _absrel(g["absrel_uniform"]), _absrel(d["absrel_uniform"]), pct(g["absrel_uniform"] / d["absrel_uniform"] - 1),
-               _absrel(g["absrel_edge"]), _absrel(d["absrel_edge"]), pct(g["absrel_edge"] / d["absrel_edge"] - 1)]
-              for q in sorted({r["q"] for r in default})
-              for g in [own.get(("glance", q))] for d in [smallest[q]] if g and d]
+    glance = []
+    for q in sorted(smallest):
+        g, d = own.get(("glance", q)), smallest[q]
+        if g and d:
+            glance.append([q] + [c for key in ("absrel_uniform", "absrel_edge")
+                                 for c in (_absrel(g[key]), _absrel(d[key]), pct(g[key] / d[key] - 1))])
     glance_table = table(["Q", "its glance depth uniform", f"dense {small} uniform", "glance vs dense", "glance edge",
                           f"dense {small} edge", "glance vs dense"], glance) if glance else []
     return table(["Q", "encoder GFLOP", "best dense model at no more cost (uniform)", "packed uniform", "dense uniform",

@@ -201,7 +201,10 @@ def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
                 ax.plot(r["encoder_gflop"], r[key], "s", color="black", mfc="none")
                 ax.annotate(name, (r["encoder_gflop"], r[key]), textcoords="offset points", xytext=(4, -10), fontsize=7)
                 curve += [(r["encoder_gflop"], r[key])] if not r["seed"] else []
-        front = [p for i, p in enumerate(sorted(curve)) if all(p[1] < c[1] for c in sorted(curve)[:i])]
+        front = []
+        for g, a in sorted(curve):  # each model better than every cheaper one
+            if not front or a < front[-1][1]:
+                front.append((g, a))
         if front:  # the best dense model at no more cost, out to the dearest point of the figure
             front.append((max(r["encoder_gflop"] for r in rows), front[-1][1]))
             ax.step(*zip(*front), "--", where="post", color="black", lw=0.8)
