@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .config import ModelConfig, from_dict
+from .config import stored_model_config
 from .model import DepthPack
 from .files import atomic_write_bytes, atomic_write_json, remove_stale_temporaries, sha256_bytes
 
@@ -189,7 +189,7 @@ def parse_config(data: bytes, where: str | Path) -> dict[str, Any]:
     if not isinstance(stored.get("train", {}), dict):
         raise CheckpointError(f"{where}: not a depthpack checkpoint config (\"train\" is not a mapping)")
     try:
-        from_dict(ModelConfig, {**stored["model"], "backbone_weights": None})
+        stored_model_config({**stored["model"], "backbone_weights": None})
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: its model config cannot be built ({e})") from None
     return stored
@@ -308,7 +308,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         blobs = {CONFIG: (d / CONFIG).read_bytes()}
     data = blobs[WEIGHTS] if WEIGHTS in blobs else weights.read_bytes()
     stored = parse_config(blobs[CONFIG], d / CONFIG)
-    model = DepthPack(from_dict(ModelConfig, {**stored["model"], "backbone_weights": None}))
+    model = DepthPack(stored_model_config({**stored["model"], "backbone_weights": None}))
     load_weights(model, load_weights_bytes(data, weights), weights)
     model.eval()
     if dtype is not None:

@@ -19,6 +19,7 @@ import yaml
 
 CONTEXTS = ("thumbnail", "glance")
 QUERY_HEADS = ("direct", "residual")
+GLANCE_STREAMS = ("oneway", "shared")
 
 
 @dataclass
@@ -38,6 +39,10 @@ class ModelConfig:
     glance_grid: tuple[int, int] | None = None  # context "glance": (rows, columns) of regions, A = rows*cols;
     #   None: regions of about 2.5 patches a side that divide img_size (12x16 at 420x560, patch 14)
     registers: int = 0  # learned tokens always in the buffer (DINOv2 with registers): [cls | registers | anchors | patches]
+    glance_stream: str | None = None  # "oneway": the prefix (cls, registers, glance) reads only itself and the
+    #   patches read every token, so the glance stream is a low-resolution dense model whatever the queries (and
+    #   its map one map per image); "shared": every token reads every token. None: oneway with the glance
+    #   context, else shared. Checkpoints and packages stored without the field ran shared (stored_model_config)
     buckets: tuple[int, ...] = (64, 128, 256, 512, 1024)  # capacity ladder (patch slots)
     head_dim: int = 128  # hidden width of the query head
     head_freqs: int = 4  # Fourier frequencies of the in-patch offset encoding
@@ -83,6 +88,13 @@ class ModelConfig:
                                 f"(each region one box of whole pixels)")
         if self.glance_depth is None:
             self.glance_depth = self.context == "glance"
+        if self.glance_stream is None:
+            self.glance_stream = "oneway" if self.context == "glance" else "shared"
+        if self.glance_stream not in GLANCE_STREAMS:
+            problems.append(f"glance_stream {self.glance_stream!r} must be one of {', '.join(GLANCE_STREAMS)}")
+        elif self.glance_stream == "oneway" and self.context != "glance":
+            problems.append(f"glance_stream 'oneway' needs context 'glance' (the glance is the stream that reads only "
+                            f"itself), got {self.context!r}")
         if self.query_head is None:
             self.query_head = "residual" if self.glance_depth else "direct"
         if self.glance_depth and self.context != "glance":
@@ -147,6 +159,10 @@ class ModelConfig:
         """Tokens before the patches in every buffer: cls, registers, anchors."""
         return 1 + self.registers + self.num_anchors
 
+    @property
+    def oneway(self) -> bool:
+        return self.glance_stream == "oneway"
+
 
 def default_glance(pixels: int, patch: int) -> int:
     """The divisor of `pixels` nearest pixels / (2.5 patch): glance regions about 2.5 patches a side (the
@@ -165,6 +181,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "vitb": dict(embed_dim=768, depth=12, num_heads=12),
     "vitl": dict(embed_dim=1024, depth=24, num_heads=16),
 }
+
+
+def stored_model_config(values: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig of a stored model (a checkpoint's or a package's config): a field added since takes the
+    value the models stored before it ran (glance_stream: shared), any other absent field its default."""
+    if not isinstance(values, dict):
+        raise ValueError(f"ModelConfig must be a mapping of its fields, got {values!r}")
+    return from_dict(ModelConfig, {"glance_stream": "shared", **values})
 
 
 def model_config(preset: str = "vits", **overrides: Any) -> ModelConfig:

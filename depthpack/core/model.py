@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from ..kernels.vit_block import swap_blocks
+from ..kernels.vit_block import PrefixBlock, swap_blocks
 from .config import ModelConfig, model_config
 from .fast import REFERENCE, Recipe
 from .packing import key_mask_from_index, patch_of_points, run_chunked, select_tokens, spread_rank
@@ -219,7 +219,7 @@ class DepthPack(nn.Module):
         self.backbone = VisionTransformer(
             img_size=cfg.img_size, patch_size=p, embed_dim=cfg.embed_dim, depth=cfg.depth,
             num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, init_values=cfg.init_values,
-            num_classes=0, class_token=True, global_pool="token", dynamic_img_size=False)
+            num_classes=0, class_token=True, global_pool="token", dynamic_img_size=False, block_fn=PrefixBlock)
         if cfg.backbone_weights:
             load_backbone_weights(self.backbone, cfg.backbone_weights)
         gh, gw = cfg.grid
@@ -361,12 +361,20 @@ class DepthPack(nn.Module):
             parts.append(self.registers.expand(B, -1, -1))
         return torch.cat(parts + [self.anchors(x, anchors)], dim=1)
 
-    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def stream_prefix(self, anchors: bool = True) -> int:
+        """The leading tokens of a buffer that read only each other: the whole prefix (cls, registers, the
+        glance) with cfg.glance_stream oneway, none with shared."""
+        return self.num_prefix(anchors) if self.cfg.oneway else 0
+
+    def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None, prefix: int = 0,
+                   detach_prefix: bool = False, prefix_kv: list | None = None) -> torch.Tensor:
         # tokens [B,S,D] -> [B,S,D]: the backbone's blocks (the recipe's once deployed; hybrid blocks carry a
-        # float32 residual stream, cast back to the tokens' dtype before the final norm)
+        # float32 residual stream, cast back to the tokens' dtype before the final norm); prefix, detach_prefix,
+        # prefix_kv (one (k, v) a block): PrefixBlock's one-way rule
         x = self.backbone.norm_pre(tokens)
-        for blk in self.backbone.blocks:
-            x = blk(x, attn_mask=attn_mask)
+        for i, blk in enumerate(self.backbone.blocks):
+            x = blk(x, attn_mask=attn_mask, prefix=prefix, detach_prefix=detach_prefix,
+                    prefix_kv=None if prefix_kv is None else prefix_kv[i])
         return self.backbone.norm(x.to(tokens.dtype))
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
@@ -402,20 +410,43 @@ class DepthPack(nn.Module):
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
     def encode(self, images: torch.Tensor, index: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
-               anchors: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+               anchors: bool = True, detach_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """images [B,3,H,W] in [0,1] -> (features [B,S,D] of the patches in index (None: all N, row-major),
         features [B,A,D] of the glance tokens or None), after the prefix (cls, registers, anchors) + those
-        patches ran through the blocks (attn_mask over every key); anchors=False: the same weights without the
-        anchors (an evaluation of what they bring)."""
+        patches ran through the blocks (attn_mask over every key; one-way with cfg.glance_stream oneway);
+        anchors=False: the same weights without the anchors (an evaluation of what they bring);
+        detach_prefix: the patches read the one-way prefix through a stop-gradient (training)."""
         x = self.embedding_input(images)
         pre = self.prefix(x, anchors)  # [B,P,D]
         tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,P+S,D]
-        out = self.run_blocks(tokens, attn_mask)
-        glance = None
-        if self.glance_head is not None and anchors:
-            start = 1 + self.cfg.registers
-            glance = out[:, start:start + self.cfg.num_anchors]
-        return out[:, pre.shape[1]:], glance
+        out = self.run_blocks(tokens, attn_mask, self.stream_prefix(anchors), detach_prefix)
+        return out[:, pre.shape[1]:], self._glance_of(out, anchors)
+
+    def _glance_of(self, out: torch.Tensor, anchors: bool) -> torch.Tensor | None:
+        # the glance tokens' features [B,A,D] of a buffer's output (None: no glance depth, or anchors off)
+        if self.glance_head is None or not anchors:
+            return None
+        start = 1 + self.cfg.registers
+        return out[:, start:start + self.cfg.num_anchors]
+
+    def encode_prefix(self, images: torch.Tensor, anchors: bool = True) -> tuple[torch.Tensor | None, list]:
+        """The one-way prefix alone through the blocks (cfg.glance_stream oneway): (the glance tokens' features
+        [B,A,D] or None, each block's prefix keys and values [(k, v) [B,H,P,hd]]). What every buffer of the
+        image holds in its prefix rows, whatever its patches; encode_patches reads the keys and values."""
+        if not self.cfg.oneway:
+            raise ValueError("the prefix runs alone only with model.glance_stream oneway (shared: it reads the patches)")
+        pre = self.prefix(self.embedding_input(images), anchors)
+        x, kvs = self.backbone.norm_pre(pre), []
+        for blk in self.backbone.blocks:
+            x, kv = PrefixBlock.forward_kv(blk, x)
+            kvs.append(kv)
+        return self._glance_of(self.backbone.norm(x.to(pre.dtype)), anchors), kvs
+
+    def encode_patches(self, images: torch.Tensor, index: torch.Tensor, prefix_kv: list) -> torch.Tensor:
+        """The features [B,S,D] of the patches in index, reading the prefix run once (encode_prefix's keys
+        and values): equal to encode()'s patch features with cfg.glance_stream oneway."""
+        x = self.embed_patches(self.embedding_input(images), index)
+        return self.run_blocks(x, prefix_kv=prefix_kv)
 
     def forward_features(self, images: torch.Tensor, index: torch.Tensor | None = None,
                          attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -424,9 +455,10 @@ class DepthPack(nn.Module):
 
     def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor,
                      scale: torch.Tensor | None = None, glance: torch.Tensor | None = None,
-                     hw: tuple[int, int] | None = None) -> torch.Tensor:
+                     hw: tuple[int, int] | None = None, detach_glance: bool = False) -> torch.Tensor:
         """feats [B,S,D], slot [B,Q] (the token of each query), points [B,Q,2], scale [B] (focal_scale),
-        glance [B,A,D] and the image size hw (the residual head) -> depth [B,Q] float32."""
+        glance [B,A,D] and the image size hw (the residual head) -> depth [B,Q] float32. detach_glance: the
+        residual corrects the glance depth read through a stop-gradient (training)."""
         htok = self.head.token_features(feats)  # [B,S,h]
         htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
         if not isinstance(self.head, ResidualHead):
@@ -435,7 +467,7 @@ class DepthPack(nn.Module):
             raise ValueError("the residual query head corrects the glance depth: it needs the glance tokens "
                              "(anchors on)")
         logd = self.glance_head.log_depth(self.glance_head.token_features(glance), points, hw)
-        logd = logd + self.head.residual(htok, points)
+        logd = (logd.detach() if detach_glance else logd) + self.head.residual(htok, points)
         return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True)
 
     def glance_map(self, glance: torch.Tensor, hw: tuple[int, int], scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -456,6 +488,12 @@ class DepthPack(nn.Module):
         """The packed path and the glance's depth map from the same buffer: (depth [B,Q], map [B,rows,cols])."""
         depth, glance, scale = self._packed(images, points, bucket, focal)
         return depth, self.glance_map(glance, tuple(images.shape[-2:]), scale)
+
+    def glance_map_core(self, images: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
+        """The glance's depth map [B,rows,cols] alone, no points: the one-way prefix through the blocks, the
+        map every buffer of the image holds (cfg.glance_stream oneway)."""
+        glance, _ = self.encode_prefix(images)
+        return self.glance_map(glance, tuple(images.shape[-2:]), self.focal_scale(images, focal))
 
     def _packed(self, images, points, bucket, focal, anchors: bool = True):
         index, slot = self.select(images, points, bucket)
@@ -485,13 +523,28 @@ class DepthPack(nn.Module):
                                  self.focal_scale(images, focal), glance, tuple(images.shape[-2:]))
 
     # ---- public, checked API --------------------------------------------------------------------
-    def forward(self, images: torch.Tensor, points, focal=None, anchors: bool = True) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, points, focal=None, anchors: bool = True,
+                prefix_once: bool = True) -> torch.Tensor:
         """Packed path: depth [B,Q] float32 meters at each (x, y) point. focal: None, a number or [B]
-        pixels (0 = unknown); see the module docstring. anchors=False: without the anchors (evaluation)."""
+        pixels (0 = unknown); see the module docstring. anchors=False: without the anchors (evaluation).
+        More queries than the largest bucket run in chunks; with cfg.glance_stream oneway the prefix runs
+        once and every chunk reads its keys and values (prefix_once=False: each chunk runs it again)."""
         images, points = check_inputs(images, points, self.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
+        if prefix_once and self.cfg.oneway and points.shape[1] > self.cfg.buckets[-1]:
+            return self._packed_chunks(images, points, focal, anchors)
         return run_chunked(functools.partial(self.packed_core, anchors=anchors), images, points,
                            self.cfg.buckets, focal)
+
+    def _packed_chunks(self, images, points, focal, anchors: bool) -> torch.Tensor:
+        """The packed path over chunks of queries, the one-way prefix run once for all of them."""
+        glance, kvs = self.encode_prefix(images, anchors)
+        scale, hw = self.focal_scale(images, focal), tuple(images.shape[-2:])
+
+        def chunk(images, points, bucket, focal):
+            index, slot = self.select(images, points, bucket)
+            return self.forward_head(self.encode_patches(images, index, kvs), slot, points, scale, glance, hw)
+        return run_chunked(chunk, images, points, self.cfg.buckets, focal)
 
     def forward_masked(self, images: torch.Tensor, points, focal=None, anchors: bool = True) -> torch.Tensor:
         images, points = check_inputs(images, points, self.cfg.patch_size)

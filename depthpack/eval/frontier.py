@@ -34,26 +34,37 @@ PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "max_images", 
 RUN_KEYS = {"name", "path", "overrides", "default"}
 
 
-def encoder_gflop(cfg: ModelConfig, tokens: int, embedded: int) -> float:
-    """GFLOP of the encoder over `tokens` tokens of which `embedded` are patch-embedded: per block the
-    four linear layers (qkv, proj, fc1, fc2: (4 + 2 mlp_ratio) D^2 multiply-adds a token) and attention
-    (QK^T and AV: 2 T^2 D), plus the patch embedding (3 p^2 D a token); a multiply-add is 2 FLOP."""
+def encoder_gflop(cfg: ModelConfig, rows: int, pairs: int, embedded: int) -> float:
+    """GFLOP of the encoder over `rows` tokens whose attention scores `pairs` (query, key) pairs, `embedded`
+    of them patch-embedded: per block the four linear layers (qkv, proj, fc1, fc2: (4 + 2 mlp_ratio) D^2
+    multiply-adds a row) and attention (QK^T and AV: 2 D a pair), plus the patch embedding (3 p^2 D a token);
+    a multiply-add is 2 FLOP."""
     D, p = cfg.embed_dim, cfg.patch_size
-    block = 2 * tokens * D * D * (4 + 2 * cfg.mlp_ratio) + 4 * tokens * tokens * D
+    block = 2 * rows * D * D * (4 + 2 * cfg.mlp_ratio) + 4 * pairs * D
     return (cfg.depth * block + 2 * embedded * 3 * p * p * D) / 1e9
 
 
+def buffer_gflop(cfg: ModelConfig, k: int) -> float:
+    """One buffer of the prefix and k patches, as it runs: one-way, the prefix rows read only the prefix."""
+    P, T = cfg.num_prefix, cfg.num_prefix + k
+    pairs = P * P + k * T if cfg.oneway else T * T
+    return encoder_gflop(cfg, T, pairs, cfg.num_anchors + k)
+
+
 def packed_cost(cfg: ModelConfig, q: int) -> tuple[int, float]:
-    """(tokens per buffer, encoder GFLOP summed over the chunks) of the packed path at Q queries."""
-    n = cfg.num_patches
+    """(tokens per buffer, encoder GFLOP summed over the chunks) of the packed path at Q queries, as the model
+    runs it: more than one chunk with the one-way prefix runs the prefix once, each chunk reading its keys."""
+    n, P = cfg.num_patches, cfg.num_prefix
     chunks = [min(k, n) for _, _, k in chunk_plan(q, cfg.buckets)]
-    tokens = cfg.num_prefix + max(chunks)
-    return tokens, sum(encoder_gflop(cfg, cfg.num_prefix + k, cfg.num_anchors + k) for k in chunks)
+    tokens = P + max(chunks)
+    if cfg.oneway and len(chunks) > 1:
+        return tokens, encoder_gflop(cfg, P, P * P, cfg.num_anchors) + sum(
+            encoder_gflop(cfg, k, k * (P + k), k) for k in chunks)
+    return tokens, sum(buffer_gflop(cfg, k) for k in chunks)
 
 
 def dense_cost(cfg: ModelConfig) -> tuple[int, float]:
-    tokens = cfg.num_prefix + cfg.num_patches
-    return tokens, encoder_gflop(cfg, tokens, cfg.num_anchors + cfg.num_patches)
+    return cfg.num_prefix + cfg.num_patches, buffer_gflop(cfg, cfg.num_patches)
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -134,9 +145,9 @@ def eval_run(plan: dict, run: dict, folder: Path, log: Path) -> dict:
 
 def _model_cfg(folder: Path) -> ModelConfig:
     from ..core.checkpoint import stored_config
-    from ..core.config import from_dict
+    from ..core.config import stored_model_config
 
-    return from_dict(ModelConfig, stored_config(folder)["model"])
+    return stored_model_config(stored_config(folder)["model"])
 
 
 def rows_of(plan: dict, run: dict, folder: Path, result: dict, summary: dict) -> list[dict]:

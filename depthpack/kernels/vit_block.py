@@ -1,12 +1,19 @@
-"""The hybrid ViT block: timm's pre-norm Block with two of its steps as Triton kernels, inference only.
+"""The ViT blocks: timm's pre-norm Block with a one-way prefix (PrefixBlock, the model's own), and the hybrid
+block, the same with two of its steps as Triton kernels, inference only.
+
+One-way attention (PrefixBlock, every block of the model): the first `prefix` tokens of the buffer (cls,
+registers, the glance) read only each other; every other token reads every key. So the prefix stream is a
+model of its own whatever else is in the buffer. prefix = 0 is timm's attention (every token reads every key).
+Two SDPA calls, the prefix rows over the prefix keys and the other rows over all of them, in place of one:
+the buffer stays dense, with no mask.
 
 Reference (timm's Block, attention without a mask):
     x = x + ls1 * proj(attention(qkv(LN1(x))))
     x = x + ls2 * fc2(GELU(fc1(LN2(x))))
 hybrid_block keeps LN1, the QKV GEMM, LN2 and fc1 (+ GELU) as torch ops (Inductor and cuBLAS are fastest
 at them) and runs the other two steps as kernels:
-    attn_proj_res  per (query tile, head, image): attention over every key with an online softmax (flash
-                   attention's form), then that head's slice of the output projection, scaled by ls1 and
+    attn_proj_res  per (query tile, head, image): attention over every key (a prefix row: over the prefix
+                   keys) with an online softmax (flash attention's form), then that head's slice of the output projection, scaled by ls1 and
                    atomically added into the residual r = x + ls1 * proj.bias (the heads' sum without a
                    reduction pass)
     fc2_res        fc2 + bias, scaled by ls2, + r -> the block's output; split over K while its grid would
@@ -46,12 +53,52 @@ LOG2E = 1.4426950408889634
 
 
 # ---- the reference: the kernels' arithmetic in torch ------------------------------------------------
-def attn_proj_res_reference(qkv, x, proj_w, proj_b, ls1, num_heads: int) -> torch.Tensor:
-    """r = x + ls1 * (attention(qkv) @ proj_w^T + proj_b) [B,S,D] float32; qkv [B*S,3D] in the weights'
-    dtype, attention in float32, its output rounded to that dtype before the projection."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int = 0,
+              attn_mask: torch.Tensor | None = None, detach_prefix: bool = False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) v, q k v [B,H,S,hd] -> [B,H,S,hd], with the one-way rule: rows below
+    `prefix` read only the keys below it, the others read every key (prefix 0 or >= S: every row every key).
+    attn_mask: a key mask [B,1,1,S] (additive or boolean) that never removes a prefix key; it applies to the
+    other rows. detach_prefix: the other rows read the prefix keys and values through a stop-gradient."""
+    S = q.shape[2]
+    if not 0 < prefix < S:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    if attn_mask is not None and attn_mask.shape[-2] != 1:
+        raise ValueError(f"one-way attention takes a key mask [B,1,1,S], got {tuple(attn_mask.shape)}")
+    kp, vp = k[:, :, :prefix], v[:, :, :prefix]
+    head = F.scaled_dot_product_attention(q[:, :, :prefix], kp, vp)
+    if detach_prefix:
+        k = torch.cat([kp.detach(), k[:, :, prefix:]], 2)
+        v = torch.cat([vp.detach(), v[:, :, prefix:]], 2)
+    tail = F.scaled_dot_product_attention(q[:, :, prefix:], k, v, attn_mask=attn_mask)
+    return torch.cat([head, tail], 2)
+
+
+def self_attention(attn: nn.Module, x: torch.Tensor, prefix: int = 0, attn_mask: torch.Tensor | None = None,
+                   detach_prefix: bool = False, prefix_kv: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+    """timm's Attention module `attn` over x [B,S,D] with the one-way rule (attention()) -> (output [B,S,D],
+    (k, v) [B,H,S,hd]). prefix_kv: (k, v) [B,H,P,hd] of a prefix run apart (PrefixBlock.forward_kv): x then
+    holds no prefix, and every row reads those keys before its own."""
+    B, S, _ = x.shape
+    H, width = attn.num_heads, attn.qkv.out_features // 3
+    q, k, v = attn.qkv(x).reshape(B, S, 3, H, width // H).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if prefix_kv is not None:
+        o = F.scaled_dot_product_attention(q, torch.cat([prefix_kv[0], k], 2), torch.cat([prefix_kv[1], v], 2),
+                                           attn_mask=attn_mask)
+    else:
+        o = attention(q, k, v, prefix, attn_mask, detach_prefix)
+    o = o.transpose(1, 2).reshape(B, S, width)
+    o = getattr(attn, "norm", nn.Identity())(o)
+    return attn.proj_drop(attn.proj(o)), (k, v)
+
+
+def attn_proj_res_reference(qkv, x, proj_w, proj_b, ls1, num_heads: int, prefix: int = 0) -> torch.Tensor:
+    """r = x + ls1 * (attention(qkv, prefix) @ proj_w^T + proj_b) [B,S,D] float32; qkv [B*S,3D] in the
+    weights' dtype, attention in float32 (one-way below prefix), its output rounded to that dtype before the
+    projection."""
     B, S, D = x.shape
     q, k, v = qkv.view(B, S, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).float()
-    o = F.scaled_dot_product_attention(q, k, v).to(qkv.dtype).transpose(1, 2).reshape(B, S, D)
+    o = attention(q, k, v, prefix).to(qkv.dtype).transpose(1, 2).reshape(B, S, D)
     o = F.linear(o, proj_w, proj_b).float()
     return x.float() + (o * ls1.float() if ls1 is not None else o)
 
@@ -64,18 +111,19 @@ def fc2_res_reference(h, fc2_w, fc2_b, ls2, r) -> torch.Tensor:
 
 def hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b,
                  ls2, num_heads: int, eps1: float, eps2: float, attn_proj=attn_proj_res_reference,
-                 fc2=fc2_res_reference, gelu_epilogue: bool = False) -> torch.Tensor:
+                 fc2=fc2_res_reference, gelu_epilogue: bool = False, prefix: int = 0) -> torch.Tensor:
     """One block, x [B,S,D] (any float dtype) -> [B,S,D] float32: the residual stream in float32, the
     GEMMs' inputs in the weights' dtype. LayerNorms, QKV and fc1 as torch ops (fc1's bias and GELU in
-    cuBLASLt's epilogue when gelu_epilogue: its tanh GELU); attention + projection + residual by
-    attn_proj(qkv, x, proj_w, proj_b, ls1, num_heads), fc2 + residual by fc2(h, fc2_w, fc2_b, ls2, r).
+    cuBLASLt's epilogue when gelu_epilogue: its tanh GELU); attention (one-way below prefix) + projection +
+    residual by attn_proj(qkv, x, proj_w, proj_b, ls1, num_heads, prefix), fc2 + residual by
+    fc2(h, fc2_w, fc2_b, ls2, r).
     With the torch references for those two it is the reference the kernels are held to
     (vit_block_reference); HybridBlock passes the kernels' ops."""
     B, S, D = x.shape
     dt = qkv_w.dtype
     x = x.float()
     h = F.layer_norm(x, (D,), ln1_w.float(), ln1_b.float(), eps1).to(dt).view(B * S, D)
-    r = attn_proj(F.linear(h, qkv_w, qkv_b), x, proj_w, proj_b, ls1, num_heads)
+    r = attn_proj(F.linear(h, qkv_w, qkv_b), x, proj_w, proj_b, ls1, num_heads, prefix)
     h = F.layer_norm(r, (D,), ln2_w.float(), ln2_b.float(), eps2).to(dt).view(B * S, D)
     if gelu_epilogue:
         h = torch._addmm_activation(fc1_b, h, fc1_w.t(), use_gelu=True)
@@ -85,11 +133,11 @@ def hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_
 
 
 def vit_block_reference(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b,
-                        fc2_w, fc2_b, ls2, num_heads: int, eps1: float, eps2: float) -> torch.Tensor:
-    """x [B,S,D] (any float dtype) -> the block's output [B,S,D] float32, as the kernels round.
-    Weights as timm's Block holds them; ls1/ls2 None (no LayerScale) or [D]; qkv_b may be None."""
+                        fc2_w, fc2_b, ls2, num_heads: int, eps1: float, eps2: float, prefix: int = 0) -> torch.Tensor:
+    """x [B,S,D] (any float dtype) -> the block's output [B,S,D] float32, as the kernels round (one-way below
+    prefix). Weights as timm's Block holds them; ls1/ls2 None (no LayerScale) or [D]; qkv_b may be None."""
     return hybrid_block(x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ls1, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w,
-                        fc2_b, ls2, num_heads, eps1, eps2)
+                        fc2_b, ls2, num_heads, eps1, eps2, prefix=prefix)
 
 
 def block_weights(blk: nn.Module) -> tuple:
@@ -130,22 +178,26 @@ if HAVE_TRITON:
         return tl.dot(a, b, acc=acc)
 
     @triton.jit
-    def _attention(qkv_ptr, q, row0, h, S, D, qk_scale, IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr):
-        # softmax(q k^T) v of queries q [BM,HD] over the S keys of head h from row row0 of qkv [M,3D]:
-        # every key tile holds at least one real key, so m_i is finite after the first (online softmax)
+    def _attention(qkv_ptr, q, rq, row0, h, S, D, P, qk_scale, IEEE: tl.constexpr, HD: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr):
+        # softmax(q k^T) v of queries q [BM,HD] (rows rq of the image) over the keys of head h from row row0
+        # of qkv [M,3D]: a row below P (the one-way prefix) reads the keys below P, any other all S keys
+        # (P = 0: every row all S). Key 0 is in every row's first tile, so m_i is finite after it (online
+        # softmax); a tile wholly past a row's limit then adds nothing. A tile of prefix rows stops at P.
         N3 = 3 * D
         dd = tl.arange(0, HD)
+        limit = tl.where(rq < P, P, S)  # [BM] keys each row reads
+        end = tl.where(tl.max(rq, axis=0) < P, P, S)
         m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BM,), dtype=tl.float32)
         acc = tl.zeros((BM, HD), dtype=tl.float32)
-        for k0 in range(0, S, BN):
+        for k0 in range(0, end, BN):
             rk = k0 + tl.arange(0, BN)
             k_ok = rk < S
             kv = (row0 + rk)[:, None] * N3 + h * HD + dd[None, :]
             k = tl.load(qkv_ptr + kv + D, mask=k_ok[:, None], other=0.0)
             s = (_mm(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), IEEE) * qk_scale).to(tl.float32)
-            s = tl.where(k_ok[None, :], s, float("-inf"))
+            s = tl.where(rk[None, :] < limit[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
@@ -156,10 +208,10 @@ if HAVE_TRITON:
         return (acc / l_i[:, None]).to(q.dtype)
 
     @triton.jit
-    def _attn_proj_kernel(qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, qk_scale, HAS_LS: tl.constexpr,
+    def _attn_proj_kernel(qkv_ptr, projw_ptr, ls1_ptr, r_ptr, S, D, P, qk_scale, HAS_LS: tl.constexpr,
                           IEEE: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                           BO: tl.constexpr):
-        # query tile pid_m of head h, image b: attention over every key, then the head's share of the
+        # query tile pid_m of head h, image b: attention over every key (one-way below P), then the head's share of the
         # output projection, times ls1, added atomically into r
         pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rq = pid_m * BM + tl.arange(0, BM)
@@ -167,7 +219,7 @@ if HAVE_TRITON:
         row = b * S + rq
         dd = tl.arange(0, HD)
         q = tl.load(qkv_ptr + row[:, None] * (3 * D) + h * HD + dd[None, :], mask=q_ok[:, None], other=0.0)
-        o = _attention(qkv_ptr, q, b * S, h, S, D, qk_scale, IEEE, HD, BM, BN)
+        o = _attention(qkv_ptr, q, rq, b * S, h, S, D, P, qk_scale, IEEE, HD, BM, BN)
         ro = tl.arange(0, BO)
         for c0 in range(0, D, BO):
             rc = c0 + ro
@@ -237,8 +289,8 @@ def _opt(t: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
 
 
 def attn_proj_res(k, qkv: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
-                  ls1: torch.Tensor | None, num_heads: int, sms: int | None = None) -> torch.Tensor:
-    """r = x + ls1 * (attention(qkv) @ proj_w^T + proj_b), float32 [B,S,D], qkv [B*S,3D]. The residual
+                  ls1: torch.Tensor | None, num_heads: int, prefix: int = 0, sms: int | None = None) -> torch.Tensor:
+    """r = x + ls1 * (attention(qkv, prefix) @ proj_w^T + proj_b), float32 [B,S,D], qkv [B*S,3D]. The residual
     starts in torch (under torch.compile a pointwise op that Inductor fuses with a neighbour); the kernel k
     (_attn_proj_kernel or its wrap_triton) adds each head's projection into it atomically."""
     B, S, D = x.shape
@@ -246,7 +298,8 @@ def attn_proj_res(k, qkv: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, p
     c = attn_tiles(B * S, S, sms or _sm_count(x.device), num_heads)
     hd = D // num_heads
     k[(_cdiv(S, c["BM"]), num_heads, B)](
-        qkv, proj_w, _opt(ls1, proj_w), r, S, D, LOG2E / math.sqrt(hd), HAS_LS=ls1 is not None,
+        qkv, proj_w, _opt(ls1, proj_w), r, S, D, prefix if 0 < prefix < S else 0, LOG2E / math.sqrt(hd),
+        HAS_LS=ls1 is not None,
         IEEE=proj_w.dtype == torch.float32, HD=hd, **c)
     return r
 
@@ -274,8 +327,9 @@ if HAVE_TRITON and not INTERPRET:
 
     @torch.library.triton_op("depthpack::attn_proj_res", mutates_args=())
     def _attn_proj_res_op(qkv: torch.Tensor, x: torch.Tensor, proj_w: torch.Tensor, proj_b: torch.Tensor,
-                          ls1: Optional[torch.Tensor], num_heads: int) -> torch.Tensor:
-        return attn_proj_res(torch.library.wrap_triton(_attn_proj_kernel), qkv, x, proj_w, proj_b, ls1, num_heads)
+                          ls1: Optional[torch.Tensor], num_heads: int, prefix: int = 0) -> torch.Tensor:
+        return attn_proj_res(torch.library.wrap_triton(_attn_proj_kernel), qkv, x, proj_w, proj_b, ls1, num_heads,
+                             prefix)
 
     _attn_proj_res_op.register_kernel("cpu")(attn_proj_res_reference)
 
@@ -295,38 +349,62 @@ def _check(x: torch.Tensor, weights: tuple) -> None:
                          f"fc1 {tuple(fc1_w.shape)}")
 
 
-class EpilogueBlock(Block):
-    """timm's Block with fc1 + bias + GELU as one GEMM with cuBLASLt's epilogue (torch._addmm_activation:
+class PrefixBlock(Block):
+    """timm's Block (the same parameters under the same names) with the one-way rule: forward(x, attn_mask,
+    prefix, detach_prefix, prefix_kv), see self_attention(). The model builds its blocks as these."""
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, prefix: int = 0,
+                detach_prefix: bool = False, prefix_kv: tuple | None = None) -> torch.Tensor:
+        return self._run(x, attn_mask, prefix, detach_prefix, prefix_kv)[0]
+
+    def forward_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """x [B,P,D], a one-way prefix alone -> (the block's output, its keys and values (k, v) [B,H,P,hd]):
+        what the buffers of other tokens read (forward(..., prefix_kv=(k, v)))."""
+        return self._run(x)
+
+    def _run(self, x, attn_mask=None, prefix=0, detach_prefix=False, prefix_kv=None):
+        o, kv = self_attention(self.attn, self.norm1(x), prefix, attn_mask, detach_prefix, prefix_kv)
+        x = x + self.drop_path1(self.ls1(o))
+        return x + self.drop_path2(self.ls2(self.mlp_out(self.norm2(x)))), kv
+
+    def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
+        return self.mlp(h)
+
+
+class EpilogueBlock(PrefixBlock):
+    """PrefixBlock with fc1 + bias + GELU as one GEMM with cuBLASLt's epilogue (torch._addmm_activation:
     its tanh GELU, within bf16 rounding of timm's exact one). Swapped in at deploy time (swap_blocks)."""
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask)))
-        mlp, h = self.mlp, self.norm2(x)
-        h = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
-        h = mlp.fc2(mlp.norm(mlp.drop1(h))).reshape(x.shape)
-        return x + self.drop_path2(self.ls2(mlp.drop2(h)))
+    def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
+        mlp = self.mlp
+        y = torch._addmm_activation(mlp.fc1.bias, h.reshape(-1, h.shape[-1]), mlp.fc1.weight.t(), use_gelu=True)
+        return mlp.drop2(mlp.fc2(mlp.norm(mlp.drop1(y))).reshape(h.shape))
 
 
-class HybridBlock(Block):
+class HybridBlock(PrefixBlock):
     """hybrid_block with the two kernels, inference only: the residual stream comes out float32 (the model
-    casts it back after the last block). With a key mask, CPU tensors or no Triton: the block it replaced
-    (timm's, or EpilogueBlock's with gelu_epilogue)."""
+    casts it back after the last block). With a key mask, a prefix run apart, CPU tensors or no Triton: the
+    block it replaced (PrefixBlock's, or EpilogueBlock's with gelu_epilogue)."""
     gelu_epilogue = False
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        if attn_mask is not None or not (HAVE_TRITON and not INTERPRET and x.is_cuda):
-            return (EpilogueBlock.forward if self.gelu_epilogue else Block.forward)(self, x, attn_mask=attn_mask)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, prefix: int = 0,
+                detach_prefix: bool = False, prefix_kv: tuple | None = None) -> torch.Tensor:
+        if attn_mask is not None or prefix_kv is not None or not (HAVE_TRITON and not INTERPRET and x.is_cuda):
+            return PrefixBlock.forward(self, x, attn_mask, prefix, detach_prefix, prefix_kv)
         if torch.is_grad_enabled() and x.requires_grad:
             raise ValueError("hybrid blocks are inference only: run under torch.no_grad() or use the timm blocks to train")
         weights = block_weights(self)
         _check(x, weights)
         ops = torch.ops.depthpack
         return hybrid_block(x.contiguous(), *weights, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res,
-                            gelu_epilogue=self.gelu_epilogue)
+                            gelu_epilogue=self.gelu_epilogue, prefix=prefix)
+
+    def mlp_out(self, h: torch.Tensor) -> torch.Tensor:
+        return EpilogueBlock.mlp_out(self, h) if self.gelu_epilogue else self.mlp(h)
 
 
 def swap_blocks(blocks: nn.Sequential, kind: str, gelu_epilogue: bool) -> None:
-    """Replace timm's Blocks in place by the recipe's: "hybrid" (HybridBlock), or with gelu_epilogue
+    """Replace the model's PrefixBlocks in place by the recipe's: "hybrid" (HybridBlock), or with gelu_epilogue
     EpilogueBlock; the same parameters under the same names. A block the kernels cannot compute is a
     ValueError naming the part (block_weights)."""
     for i, blk in enumerate(blocks):
@@ -344,7 +422,7 @@ def swap_blocks(blocks: nn.Sequential, kind: str, gelu_epilogue: bool) -> None:
         blocks[i] = new
 
 
-def run_interpreted(x: torch.Tensor, *weights, sms: int = 132) -> torch.Tensor:
+def run_interpreted(x: torch.Tensor, *weights, sms: int = 132, prefix: int = 0) -> torch.Tensor:
     """hybrid_block with its two kernels on CPU tensors through Triton's interpreter (tests without a GPU),
     tiled as for a GPU of `sms` SMs (1: fc2 without the K split). Needs TRITON_INTERPRET=1 in the
     environment before triton was first imported."""
@@ -352,4 +430,4 @@ def run_interpreted(x: torch.Tensor, *weights, sms: int = 132) -> torch.Tensor:
         raise RuntimeError("run_interpreted needs TRITON_INTERPRET=1 set before triton is imported")
     _check(x, weights)
     return hybrid_block(x.contiguous(), *weights, attn_proj=functools.partial(attn_proj_res, _attn_proj_kernel, sms=sms),
-                        fc2=functools.partial(fc2_res, _fc2_res_kernel, sms=sms))
+                        fc2=functools.partial(fc2_res, _fc2_res_kernel, sms=sms), prefix=prefix)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..core import checkpoint as ckpt
-from ..core.config import ModelConfig, from_dict, to_dict
+from ..core.config import ModelConfig, stored_model_config, to_dict
 from ..core.files import check_writable_dir, remove_stale_temporaries
 from ..core.model import DepthPack
 from .config import TrainConfig
@@ -65,7 +65,7 @@ def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) 
 def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPack, opt, sched) -> tuple[int, Any]:
     """Checkpoint cdir into this run: (its step, its world size); a CheckpointError if it is not of this run."""
     want = to_dict(mcfg)
-    have = to_dict(from_dict(ModelConfig, json.loads(blobs[ckpt.CONFIG])["model"]))  # fields added since: defaults
+    have = to_dict(stored_model_config(json.loads(blobs[ckpt.CONFIG])["model"]))
     diff = [f"{k} {have.get(k)!r} (the config: {want.get(k)!r})" for k in sorted(set(want) | set(have))
             if k != "backbone_weights" and want.get(k) != have.get(k)]
     if diff:

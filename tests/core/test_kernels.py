@@ -10,11 +10,10 @@ import textwrap
 
 import pytest
 import torch
-from timm.models.vision_transformer import Block
 
 from depthpack import create_model
 from depthpack.core.fast import Recipe
-from depthpack.kernels.vit_block import EpilogueBlock, HybridBlock
+from depthpack.kernels.vit_block import EpilogueBlock, HybridBlock, PrefixBlock
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -111,7 +110,7 @@ def test_deployed_copy_leaves_the_model_and_runs_the_recipes_kernels():
     images, points = torch.rand(2, 3, 64, 64), torch.rand(2, 30, 2) * 63.9
     fast = m.deployed(Recipe(selection="count", gelu_epilogue=True))
     assert m.selection == "topk" and fast.selection == "count" and fast is not m
-    assert all(type(b) is Block for b in m.backbone.blocks) and all(type(b) is EpilogueBlock for b in fast.backbone.blocks)
+    assert all(type(b) is PrefixBlock for b in m.backbone.blocks) and all(type(b) is EpilogueBlock for b in fast.backbone.blocks)
     assert fast.state_dict().keys() == m.state_dict().keys()  # the same parameters under the same names
     hybrid = m.deployed(Recipe(blocks="hybrid", gelu_epilogue=True))
     assert all(type(b) is HybridBlock and b.gelu_epilogue for b in hybrid.backbone.blocks)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from depthpack import create_model
-from depthpack.core.packing import bucket_for, select_tokens
+from depthpack.core.packing import bucket_for, pad_points, select_tokens
 from conftest import randomize_
 
 ATOL = 1e-4  # float32: packed and masked differ only in summation order
@@ -123,12 +123,14 @@ def test_depth_in_configured_range():
 def test_chunking_beyond_largest_bucket(tiny):
     img, pts = rand_inputs(14, 2, 150)  # largest bucket 64 -> chunks 64, 64, 22
     with torch.no_grad():
-        out = tiny(img, pts)
-        parts = [tiny.packed_core(img, pts[:, s:s + 64], bucket_for(min(64, 150 - s), tiny.cfg.buckets))
-                 for s in (0, 64, 128)]
+        out = tiny(img, pts, prefix_once=False)
+        once = tiny(img, pts)  # the one-way prefix run once, its keys and values read by every chunk
+        parts = [tiny.packed_core(img, pad_points(pts[:, s:s + 64], k), k)[:, :min(64, 150 - s)]
+                 for s, k in ((0, 64), (64, 64), (128, 32))]
         dense = tiny.forward_dense(img, pts)
-    assert out.shape == (2, 150)
+    assert out.shape == (2, 150) and tiny.cfg.oneway
     assert torch.equal(out, torch.cat(parts, 1))
+    torch.testing.assert_close(once, out, rtol=1e-5, atol=1e-5)
     # the last chunk ran in bucket 32: a partial selection, so not dense
     assert (out[:, 128:] - dense[:, 128:]).abs().max() > 1e-3
 
