@@ -399,7 +399,7 @@ def render_moving(seed: int, frames: int, size, scene: str = "mixed", rig: str =
         turn = np.array([[c, 0.0, s_], [0.0, 1.0, 0.0], [-s_, 0.0, c]])  # about world up
         cam = Camera(cam0.fx, cam0.fy, cam0.cx, cam0.cy, turn @ cam0.R,
                      cam0.origin + ahead * (0.4 if kind == "indoor" else 8.0) * u)
-        image, depth = cast_and_shade(pack([(sc, cam)]), H, W)
+        image, depth, _ = cast_and_shade(pack([(sc, cam)]), H, W)
         rgb = np.round(np.clip(image[0].numpy(), 0.0, 1.0) * 255.0).astype(np.uint8)
         yield rgb, depth[0].numpy(), cam.K
 

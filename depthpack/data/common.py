@@ -97,12 +97,14 @@ def valid_mask(depth: np.ndarray, min_depth: float, max_depth: float) -> np.ndar
 
 
 def make_sample(rgb: np.ndarray, depth: np.ndarray, size: tuple[int, int], cfg, min_depth: float,
-                max_depth: float, name: str, path="", focal: tuple[float, float] | None = None) -> dict:
+                max_depth: float, name: str, path="", focal: tuple[float, float] | None = None,
+                thin: np.ndarray | None = None) -> dict:
     """Native RGB [h,w,3] (uint8 or float in [0,1]) + depth [h,w] meters -> the sample dict at size.
 
     The RGB and depth may differ in size (then each is mapped to `size` on its own); the eval crop
     is defined on the depth's native grid and resized with it. focal: (fx, fy) in pixels of the
-    native RGB, or None (unknown) -> sample["focal"], float32 pixels at size (0.0 = unknown).
+    native RGB, or None (unknown) -> sample["focal"], float32 pixels at size (0.0 = unknown). thin: the thin
+    band on the depth's grid (synthetic scenes) -> sample["thin"] [H,W] bool at size, inside the valid pixels.
     """
     if rgb.ndim != 3 or rgb.shape[2] != 3:
         raise BadSample(path, f"image has shape {rgb.shape}, expected [h,w,3]")
@@ -119,12 +121,15 @@ def make_sample(rgb: np.ndarray, depth: np.ndarray, size: tuple[int, int], cfg, 
     if focal is not None:
         _, _, (sh, sw, _, _) = source_indices(rgb.shape[0], rgb.shape[1], size, cfg.resize)
         f = focal_at_size(focal[0], focal[1], rgb.shape[:2], (sh, sw))
-    return dict(image=torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))),
-                focal=torch.tensor(f, dtype=torch.float32),
-                depth=torch.from_numpy(np.ascontiguousarray(d)),
-                valid=torch.from_numpy(np.ascontiguousarray(valid)),
-                eval_mask=torch.from_numpy(np.ascontiguousarray(valid & crop)),
-                name=str(name))
+    out = dict(image=torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))),
+               focal=torch.tensor(f, dtype=torch.float32),
+               depth=torch.from_numpy(np.ascontiguousarray(d)),
+               valid=torch.from_numpy(np.ascontiguousarray(valid)),
+               eval_mask=torch.from_numpy(np.ascontiguousarray(valid & crop)),
+               name=str(name))
+    if thin is not None:
+        out["thin"] = torch.from_numpy(np.ascontiguousarray(resize_nearest(thin, size, cfg.resize) & valid))
+    return out
 
 
 # ----------------------------------------------------------------------------- skipping

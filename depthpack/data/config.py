@@ -56,9 +56,14 @@ INTERPS = ("linear", "area")
 class Families:
     """Mean number per synthetic scene of each family of objects that makes resolution matter (Poisson
     draws; depthpack.data.synthetic.add_families)."""
-    thin: float = 1.5  # thin structures 1-4 px wide at 420x560: legs, lamps, railings, cables, poles, bollards
-    distant: float = 1.0  # small objects far from the camera
+    thin: float = 1.5  # thin structures 1-4 px wide at width_ref: legs, lamps, railings, cables, poles, bollards
+    distant: float = 1.0  # small objects far from the camera (a few pixels at width_ref)
     front: float = 0.5  # objects near the camera, in front of a far background
+    width_ref: int = 560  # the image width at which the thin structures and the small distant objects are 1-4 px
+
+    @property
+    def none(self) -> bool:
+        return self.thin == self.distant == self.front == 0
 
 
 NO_FAMILIES = Families(0.0, 0.0, 0.0)
@@ -91,6 +96,8 @@ class DataConfig:
     distant_objects: float = 1.0  # synthetic: mean count per scene of small objects far from the camera
     foreground_objects: float = 0.5  # synthetic: mean count per scene of objects near the camera, in front of
     #                                  a far background
+    thin_width_ref: int = 560  # synthetic: the image width (pixels) at which thin structures and small distant
+    #                            objects are 1-4 px wide; a bed rendered smaller sets its own width to keep them
     seed: int = 0
     eval_crop: str | None = None  # None | "eigen_nyu" | "garg" | "eigen_kitti"
     resize: str = "resize"  # "resize" | "center_crop"
@@ -134,6 +141,8 @@ class DataConfig:
         for name in ("thin_structures", "distant_objects", "foreground_objects"):
             if not 0.0 <= getattr(self, name) <= 10.0:
                 problems.append(f"{name} must lie in [0, 10] (a mean count per scene), got {getattr(self, name)}")
+        if self.thin_width_ref <= 0:
+            problems.append(f"thin_width_ref must be a positive image width in pixels, got {self.thin_width_ref}")
         if self.render_budget_s is not None and not self.render_budget_s > 0:
             problems.append(f"render_budget_s must be > 0 seconds or null, got {self.render_budget_s}")
         if self.focal is not None and not self.focal > 0:
@@ -145,7 +154,7 @@ class DataConfig:
 
     def families(self) -> "Families":
         """The synthetic scene families' frequencies."""
-        return Families(self.thin_structures, self.distant_objects, self.foreground_objects)
+        return Families(self.thin_structures, self.distant_objects, self.foreground_objects, self.thin_width_ref)
 
     def scale(self) -> float:
         """Stored depth value per meter: depth_scale, or the format's default."""

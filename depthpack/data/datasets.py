@@ -26,7 +26,7 @@ def _render_span(job: tuple) -> dict:
     torch.set_num_threads(1)
     seed, (a, b), size, scene, split, rig, families = job
     r = render_batch(seed, range(a, b), size, scene, split, rig, families)
-    return dict(image=r["image"].numpy(), depth=r["depth"].numpy(), K=r["K"].numpy())
+    return dict(image=r["image"].numpy(), depth=r["depth"].numpy(), thin=r["thin"].numpy(), K=r["K"].numpy())
 
 
 class SyntheticDataset(SkippingDataset):
@@ -59,10 +59,10 @@ class SyntheticDataset(SkippingDataset):
         c = self.cfg
         return (c.seed, (a, b), self.size, c.scene, self.split, c.rig, c.families())
 
-    def _sample(self, i: int, image: np.ndarray, depth: np.ndarray, K: np.ndarray) -> dict:
+    def _sample(self, i: int, image: np.ndarray, depth: np.ndarray, K: np.ndarray, thin: np.ndarray) -> dict:
         name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
         return make_sample(image, depth, self.size, self.cfg, self.min_depth, self.max_depth, name, name,
-                           focal=(float(K[0, 0]), float(K[1, 1])))  # the renderer's camera, at the rendered size
+                           focal=(float(K[0, 0]), float(K[1, 1])), thin=thin)  # the renderer's camera, at its size
 
     def load(self, i: int) -> dict:
         if i in self._cache:
@@ -71,10 +71,10 @@ class SyntheticDataset(SkippingDataset):
             image, depth, focal = self.store.sample(i)
             name = f"synthetic_{self.split}_{self.cfg.seed}_{i:06d}"
             return make_sample(image, depth, self.size, self.cfg, self.min_depth, self.max_depth, name, name,
-                               focal=(focal, focal))
+                               focal=(focal, focal), thin=self.store.thin(i))
         c = self.cfg
         r = render_batch(c.seed, [i], self.size, c.scene, self.split, c.rig, c.families())
-        s = self._sample(i, r["image"][0].numpy(), r["depth"][0].numpy(), r["K"][0].numpy())
+        s = self._sample(i, r["image"][0].numpy(), r["depth"][0].numpy(), r["K"][0].numpy(), r["thin"][0].numpy())
         if self.cfg.cache:
             self._cache[i] = s
         return dict(s)
@@ -98,7 +98,7 @@ class SyntheticDataset(SkippingDataset):
         def keep(a: int, r: dict) -> None:
             for j in range(r["image"].shape[0]):
                 if a + j not in self._cache:
-                    self._cache[a + j] = self._sample(a + j, r["image"][j], r["depth"][j], r["K"][j])
+                    self._cache[a + j] = self._sample(a + j, r["image"][j], r["depth"][j], r["K"][j], r["thin"][j])
             bar.update(r["image"].shape[0])
         jobs = [self._job(a, b) for a, b in spans]
         if processes > 1 and len(jobs) > 1 and "fork" in mp.get_all_start_methods():

@@ -1,7 +1,8 @@
 """Exact ray casting of a batch of synthetic scenes in torch, on any device.
 
     batch = pack(scenes, device)          # scenes: [(Scene, Camera)] from depthpack.data.synthetic
-    image, depth = cast_and_shade(batch, H, W)   # [B,H,W,3] float32 in [0,1], [B,H,W] z-depth m (0 = no hit)
+    image, depth, thin = cast_and_shade(batch, H, W)   # [B,H,W,3] float32 in [0,1], [B,H,W] z-depth m (0 = no
+    #                                                    hit), [B,H,W] bool: the pixels of THIN_FAMILIES
 
 B scenes are rendered at once: each kind of primitive (planes, boxes, spheres, vertical cylinders)
 is a padded table [B,S,...] (a padding slot never hits), and every ray is tested against every slot
@@ -32,6 +33,7 @@ TILE = 32  # value-noise tiles are TILE x TILE, periodic
 ELEMENTS = 1 << 16  # (ray, primitive) pairs tested at once on a CPU: their temporaries stay in the cache
 GPU_ELEMENTS = 1 << 22  # on a GPU: pieces large enough that launches and syncs do not dominate (about 1 GB)
 DENSE_ELEMENTS = 1 << 24  # (ray, plane) pairs tested at once (every ray meets every plane)
+THIN_FAMILIES = ("thin", "distant")  # the scene families whose pixels form the thin band (Scene.family's names)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class SceneBatch:
     prims: dict[str, dict[str, torch.Tensor]]  # "plane" | "box" | "sphere" | "cyl" -> name -> [B,S,...]
     gid_kind: torch.Tensor  # [B,G]: the kind (index in PRIM_KINDS) of each scene's primitive gid
     gid_slot: torch.Tensor  # [B,G]: its slot in that kind's table
+    gid_thin: torch.Tensor  # [B,G] bool: the primitive is a thin structure or a small object (THIN_FAMILIES)
     mats: dict[str, torch.Tensor]  # kind [B,M] int, c1 c2 [B,M,3], period32 period3 freq32 [B,M], tile [B,M] int
     tiles: torch.Tensor  # [B,T,TILE*TILE] float32
     light: torch.Tensor  # [B,3] f64: the point light, or the direction toward the sun
@@ -123,6 +126,10 @@ def pack(scenes: list, device: torch.device | str = "cpu") -> SceneBatch:
     G = max(len(sc.prims) for sc, _ in scenes)
     gid_kind = torch.zeros((B, G), dtype=torch.long)
     gid_slot = torch.zeros((B, G), dtype=torch.long)
+    gid_thin = torch.zeros((B, G), dtype=torch.bool)
+    for b, (sc, _) in enumerate(scenes):
+        for gid, family in getattr(sc, "family", {}).items():
+            gid_thin[b, gid] = family in THIN_FAMILIES
     for k, per in meta.items():
         for b, slots in enumerate(per):
             for s, (gid, _, _) in enumerate(slots):
@@ -150,7 +157,8 @@ def pack(scenes: list, device: torch.device | str = "cpu") -> SceneBatch:
     cam = dict(R=torch.tensor(np.stack([c.R for _, c in scenes]), dtype=torch.float64),
                origin=torch.tensor(np.stack([c.origin for _, c in scenes]), dtype=torch.float64),
                f=torch.tensor([[c.fx, c.fy, c.cx, c.cy] for _, c in scenes], dtype=torch.float64))
-    return SceneBatch({k: v.to(device) for k, v in cam.items()}, prims, gid_kind.to(device), gid_slot.to(device), {k: v.to(device) for k, v in mats.items()},
+    return SceneBatch({k: v.to(device) for k, v in cam.items()}, prims, gid_kind.to(device), gid_slot.to(device),
+                      gid_thin.to(device), {k: v.to(device) for k, v in mats.items()},
                       torch.from_numpy(tiles).to(device),
                       torch.tensor(np.stack([sc.light for sc, _ in scenes]), dtype=torch.float64, device=device),
                       torch.tensor([sc.sun for sc, _ in scenes], device=device),
@@ -361,7 +369,8 @@ def camera_rays(batch: SceneBatch, H: int, W: int) -> tuple[list[torch.Tensor], 
 
 def cast(batch: SceneBatch, H: int, W: int):
     """Nearest hit of every pixel's ray: t [B,N] float32 (inf = none), kind index [B,N] (-1 = none),
-    slot [B,N] within its kind's table, and the rays (3 x [B,N] directions, |d|^2)."""
+    slot [B,N] within its kind's table, thin [B,N] bool (the hit is of THIN_FAMILIES), and the rays
+    (3 x [B,N] directions, |d|^2)."""
     d, dd = camera_rays(batch, H, W)
     B, N = batch.size, H * W
     dev = batch.device
@@ -385,7 +394,8 @@ def cast(batch: SceneBatch, H: int, W: int):
     t = torch.where(hit, (best >> GID_BITS).to(torch.int32).view(torch.float32), INF)  # _key undone
     g = torch.where(hit, best & ((1 << GID_BITS) - 1), 0).view(B, N)
     kind_idx = torch.where(hit.view(B, N), torch.gather(batch.gid_kind, 1, g), -1)
-    return t.view(B, N), kind_idx, torch.gather(batch.gid_slot, 1, g), (d, dd)
+    thin = hit.view(B, N) & torch.gather(batch.gid_thin, 1, g)
+    return t.view(B, N), kind_idx, torch.gather(batch.gid_slot, 1, g), thin, (d, dd)
 
 
 GID_BITS = 16  # primitives per scene < 65536
@@ -582,9 +592,11 @@ def unshadowed(batch: SceneBatch, origins: list[torch.Tensor], need: torch.Tenso
     return (~blocked).float().view(B, N)
 
 
-def cast_and_shade(batch: SceneBatch, H: int, W: int, shadows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """image [B,H,W,3] float32 in [0,1] (gamma 2) and z-depth [B,H,W] float32 meters (0 = no hit)."""
-    t, kind_idx, slot, (d, dd) = cast(batch, H, W)
+def cast_and_shade(batch: SceneBatch, H: int, W: int, shadows: bool = True) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+    """image [B,H,W,3] float32 in [0,1] (gamma 2), z-depth [B,H,W] float32 meters (0 = no hit) and the thin band
+    [B,H,W] bool (the pixels whose nearest hit is a thin structure or a small object)."""
+    t, kind_idx, slot, thin, (d, dd) = cast(batch, H, W)
     B, N = t.shape
     hit = (kind_idx >= 0).reshape(-1)
     th = torch.where(hit, t.reshape(-1), 0.0)
@@ -621,4 +633,4 @@ def cast_and_shade(batch: SceneBatch, H: int, W: int, shadows: bool = True) -> t
     for c, (base, slope) in enumerate(((0.75, -0.4), (0.85, -0.3), (0.95, -0.05))):
         img.append(torch.where(hit, rgb[c] * shade, torch.where(sky, base + slope * up, 0.0)))
     image = torch.stack(img, -1).clamp(0.0, 1.0).sqrt().view(B, H, W, 3)
-    return image, torch.where(hit, t.reshape(-1), 0.0).view(B, H, W)
+    return image, torch.where(hit, t.reshape(-1), 0.0).view(B, H, W), thin.view(B, H, W)

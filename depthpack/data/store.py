@@ -3,11 +3,13 @@
     store = open_store(cfg, "train", (420, 560), render_batch, processes=16)   # renders what is missing, then opens it
     rows = store.rows                      # uint8 [n, row_bytes] (a read-only memmap)
     image, depth, focal = store.decode(rows[:4])    # uint8 [4,3,H,W], float16 [4,H,W] m (0 = sky), float32 [4]
+    thin = decode_thin(rows[:4], store.layout)      # bool [4,H,W]: the thin band (synthetic scenes)
 
 A row is image uint8 [3,H,W] (round(255 x), the renderer's [0,1] RGB) | depth float16 [H,W] meters
-(the renderer's z-depth, 0 = no hit) | focal float32 (pixels at (H, W)), each part starting at a
-multiple of 4 bytes and the row a multiple of 4, so one uint8 tensor holds everything and a gathered
-batch of rows is cut into its parts by views (no copy). 1.18 MB a scene at 420x560.
+(the renderer's z-depth, 0 = no hit) | focal float32 (pixels at (H, W)) | for synthetic scenes the thin band,
+one bit a pixel (numpy's packbits, row-major), each part starting at a multiple of 4 bytes and the row a
+multiple of 4, so one uint8 tensor holds everything and a gathered batch of rows is cut into its parts by
+views (no copy). 1.21 MB a scene at 420x560.
 
 On disk: CACHE_DIR/KEY.npy (the rows; numpy's .npy format, memory-mapped) and CACHE_DIR/KEY.json
 (what was rendered: n, wanted, complete, seconds). The renderer is passed in (synthetic.render_batch):
@@ -30,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 log = logging.getLogger("depthpack.data")
-VERSION = 2  # 2: the torch renderer and the scene families
+VERSION = 3  # 2: the torch renderer and the scene families; 3: the thin band's bits (older stores render again)
 CHUNK = 32  # scenes rendered together by a worker
 
 
@@ -42,6 +44,7 @@ def _align4(n: int) -> int:
 class RowLayout:
     height: int
     width: int
+    thin: bool = False  # the row ends with the thin band's bits (synthetic scenes)
 
     @property
     def depth_at(self) -> int:
@@ -52,12 +55,17 @@ class RowLayout:
         return _align4(self.depth_at + 2 * self.height * self.width)
 
     @property
+    def thin_at(self) -> int:
+        return self.focal_at + 4
+
+    @property
     def row_bytes(self) -> int:
-        return _align4(self.focal_at + 4)
+        return _align4(self.thin_at + (-(-self.height * self.width // 8) if self.thin else 0))
 
 
 def encode_rows(r: dict, layout: RowLayout) -> np.ndarray:
-    """A render_batch() result (image [B,H,W,3], depth [B,H,W], K [B,3,3]) -> rows uint8 [B, row_bytes]."""
+    """A render_batch() result (image [B,H,W,3], depth [B,H,W], K [B,3,3], and for a layout with the thin band
+    thin [B,H,W]) -> rows uint8 [B, row_bytes]."""
     H, W = layout.height, layout.width
     image, depth, K = (np.asarray(r[k].cpu() if hasattr(r[k], "cpu") else r[k]) for k in ("image", "depth", "K"))
     B = image.shape[0]
@@ -67,6 +75,9 @@ def encode_rows(r: dict, layout: RowLayout) -> np.ndarray:
     rows[:, layout.depth_at:layout.depth_at + 2 * H * W] = depth.reshape(B, -1).view(np.uint8)
     focal = np.sqrt(K[:, 0, 0].astype(np.float64) * K[:, 1, 1]).astype(np.float32)
     rows[:, layout.focal_at:layout.focal_at + 4] = focal.reshape(B, 1).view(np.uint8)
+    if layout.thin:
+        bits = np.packbits(np.asarray(r["thin"].cpu() if hasattr(r["thin"], "cpu") else r["thin"]).reshape(B, -1), axis=1)
+        rows[:, layout.thin_at:layout.thin_at + bits.shape[1]] = bits
     return rows
 
 
@@ -86,11 +97,18 @@ def decode_rows(rows, layout: RowLayout):
     return image, depth, focal
 
 
+def decode_thin(rows: np.ndarray, layout: RowLayout) -> np.ndarray:
+    """rows [n, row_bytes] uint8 of a layout with the thin band -> bool [n,H,W]."""
+    H, W = layout.height, layout.width
+    bits = np.asarray(rows)[:, layout.thin_at:layout.thin_at + -(-H * W // 8)]
+    return np.unpackbits(bits, axis=1, count=H * W).reshape(-1, H, W).astype(bool)
+
+
 def store_key(cfg, split: str, size: tuple[int, int], n: int) -> str:
     H, W = size
     f = cfg.families()
     return (f"synthetic_{split}_{cfg.scene}_{cfg.rig}_seed{cfg.seed}_{H}x{W}_n{n}"
-            f"_thin{f.thin:g}_distant{f.distant:g}_front{f.front:g}")
+            f"_thin{f.thin:g}_distant{f.distant:g}_front{f.front:g}_wref{f.width_ref}")
 
 
 class SceneStore:
@@ -98,7 +116,7 @@ class SceneStore:
 
     def __init__(self, path: Path, meta: dict):
         self.path, self.meta = path, meta
-        self.layout = RowLayout(*meta["size"])
+        self.layout = RowLayout(*meta["size"], bool(meta.get("thin")))
         self.n = int(meta["n"])
         rows = np.load(path, mmap_mode="r")
         if rows.shape[1] != self.layout.row_bytes or rows.shape[0] < self.n:
@@ -116,6 +134,10 @@ class SceneStore:
         """Scene i: image uint8 [H,W,3], depth float32 [H,W] meters (0 = no hit), focal (pixels)."""
         image, depth, focal = decode_rows(np.asarray(self.rows[i:i + 1]), self.layout)
         return np.ascontiguousarray(image[0].transpose(1, 2, 0)), depth[0].astype(np.float32), float(focal[0])
+
+    def thin(self, i: int) -> np.ndarray:
+        """Scene i's thin band, bool [H,W] (a store of synthetic scenes)."""
+        return decode_thin(self.rows[i:i + 1], self.layout)[0]
 
 
 # ---- rendering into a store (fork workers write their rows into the memmap) -----------------------
@@ -155,12 +177,12 @@ def render_store(cfg, split: str, size: tuple[int, int], n: int, render, process
     root.mkdir(parents=True, exist_ok=True)
     key = store_key(cfg, split, size, n)
     npy, js = root / f"{key}.npy", root / f"{key}.json"
-    layout = RowLayout(int(size[0]), int(size[1]))
+    layout = RowLayout(int(size[0]), int(size[1]), thin=True)
     js.unlink(missing_ok=True)
     rows = np.lib.format.open_memmap(npy, mode="w+", dtype=np.uint8, shape=(n, layout.row_bytes))
     del rows
     meta = dict(version=VERSION, key=key, split=split, scene=cfg.scene, rig=cfg.rig, seed=cfg.seed,
-                size=[layout.height, layout.width], row_bytes=layout.row_bytes, wanted=n, n=0, complete=False,
+                size=[layout.height, layout.width], thin=True, row_bytes=layout.row_bytes, wanted=n, n=0, complete=False,
                 budget_s=budget_s, seconds=0.0)
     processes = max(1, processes or os.cpu_count() or 1)
     job = (cfg.seed, (layout.height, layout.width), cfg.scene, split, cfg.rig, cfg.families())

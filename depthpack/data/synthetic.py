@@ -28,7 +28,7 @@ from .config import NO_FAMILIES, RIGS, Families  # noqa: F401  (Families, NO_FAM
 
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
 PRIM_KINDS_OF = {"Plane": 0, "Box": 1, "Sphere": 2, "Cylinder": 3}  # raycast.PRIM_KINDS
-WIDTH_REF = 560  # thin structures are 1-4 pixels wide in an image of this width (420x560)
+WIDTH_REF = 560  # the sizes of the small families were chosen at this image width (420x560); Families.width_ref moves them
 
 
 # ----------------------------------------------------------------------------- camera
@@ -280,10 +280,10 @@ def outdoor_scene(rng: np.random.Generator, H: int, W: int, rig: str = "varied")
 
 
 # ----------------------------------------------------------------------------- families
-def _thin_radius(rng, cam: Camera, W: int, at: np.ndarray) -> float:
-    """A radius that makes a vertical rod at world point `at` 1-4 px wide in an image WIDTH_REF wide."""
+def _thin_radius(rng, cam: Camera, f_ref: float, at: np.ndarray) -> float:
+    """A radius that makes a vertical rod at world point `at` 1-4 px wide through a focal length of f_ref pixels
+    (the camera's at the families' reference width)."""
     z = max(float((np.asarray(at) - cam.origin) @ cam.R[:, 2]), 0.3)
-    f_ref = cam.fx * WIDTH_REF / W
     return float(rng.uniform(1.0, 4.0)) * z / (2.0 * f_ref)
 
 
@@ -314,10 +314,11 @@ def add_families(sc: Scene, cam: Camera, rng: np.random.Generator, fam: Families
             sc.prims.append(p)
 
     indoor = sc.room is not None
+    f_ref = cam.fx * fam.width_ref / W  # thin structures are 1-4 px wide in an image width_ref wide
     for _ in range(min(6, int(rng.poisson(fam.thin)))):
-        (_thin_indoor if indoor else _thin_outdoor)(sc, cam, rng, W, mat, add)
+        (_thin_indoor if indoor else _thin_outdoor)(sc, cam, rng, W, f_ref, mat, add)
     for _ in range(min(6, int(rng.poisson(fam.distant)))):
-        _distant(sc, cam, rng, W, mat, add, indoor)
+        _distant(sc, cam, rng, W, mat, add, indoor, WIDTH_REF / fam.width_ref)
     for _ in range(min(3, int(rng.poisson(fam.front)))):
         _front(sc, cam, rng, W, mat, add, indoor)
 
@@ -327,19 +328,19 @@ def _inside_room(sc: Scene, x: float, z: float, margin: float) -> tuple[float, f
     return min(max(x, margin), X - margin), min(max(z, margin), Z - margin)
 
 
-def _legs(cam, rng, W, x, z, hx, hz, yaw, height, m):
+def _legs(cam, rng, f_ref, x, z, hx, hz, yaw, height, m):
     """Four vertical legs under a rectangle of half sizes (hx, hz) centred at (x, z), rotated by yaw."""
     cs, sn = math.cos(yaw), math.sin(yaw)
     out = []
     for i in (-1, 1):
         for k in (-1, 1):
             px, pz = x + cs * i * hx + sn * k * hz, z - sn * i * hx + cs * k * hz
-            r = _thin_radius(rng, cam, W, np.array([px, 0.5 * height, pz]))
+            r = _thin_radius(rng, cam, f_ref, np.array([px, 0.5 * height, pz]))
             out.append(Cylinder(np.array([px, 0.0, pz]), r, height, m))
     return out
 
 
-def _thin_indoor(sc, cam, rng, W, mat, add) -> None:
+def _thin_indoor(sc, cam, rng, W, f_ref, mat, add) -> None:
     X, Y, Z = sc.room
     x, z, _ = _in_view(rng, cam, W, 1.2, 0.9 * math.hypot(X, Z))
     x, z = _inside_room(sc, x, z, 0.6)
@@ -349,14 +350,14 @@ def _thin_indoor(sc, cam, rng, W, mat, add) -> None:
     if kind in ("table", "chair"):
         hx, hz = (rng.uniform(0.4, 0.8), rng.uniform(0.25, 0.45)) if kind == "table" else (rng.uniform(0.18, 0.25),) * 2
         height = rng.uniform(0.7, 0.78) if kind == "table" else rng.uniform(0.42, 0.48)
-        add("thin", *_legs(cam, rng, W, x, z, hx - 0.03, hz - 0.03, yaw, height, m))
+        add("thin", *_legs(cam, rng, f_ref, x, z, hx - 0.03, hz - 0.03, yaw, height, m))
         add("thin", Box(np.array([x, height + 0.015, z]), np.array([hx, 0.015, hz]), yaw, m))
         if kind == "chair":  # the back: a thin board above the seat's far edge
             bx, bz = x + math.sin(yaw) * hz, z + math.cos(yaw) * hz
             add("thin", Box(np.array([bx, height + 0.25, bz]), np.array([hx, 0.2, 0.012]), yaw, m))
     elif kind == "lamp":
         height = rng.uniform(1.3, min(1.9, Y - 0.4))
-        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, W, np.array([x, 1.0, z])), height, m),
+        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, f_ref, np.array([x, 1.0, z])), height, m),
             Cylinder(np.array([x, 0.0, z]), rng.uniform(0.12, 0.2), 0.02, m),
             Sphere(np.array([x, height + 0.12, z]), rng.uniform(0.1, 0.18), mat(("plain",))))
     elif kind == "railing":
@@ -365,15 +366,15 @@ def _thin_indoor(sc, cam, rng, W, mat, add) -> None:
         posts = []
         for k in range(int(length / step) + 1):
             px, pz = _inside_room(sc, x + cs * (k * step - 0.5 * length), z - sn * (k * step - 0.5 * length), 0.1)
-            posts.append(Cylinder(np.array([px, 0.0, pz]), _thin_radius(rng, cam, W, np.array([px, 0.5, pz])), height, m))
+            posts.append(Cylinder(np.array([px, 0.0, pz]), _thin_radius(rng, cam, f_ref, np.array([px, 0.5, pz])), height, m))
         add("thin", *posts, Box(np.array([x, height + 0.02, z]), np.array([0.5 * length, 0.02, 0.02]), yaw, m))
     else:  # a cable across the room, along x, below the ceiling
         y = rng.uniform(1.9, Y - 0.1)
-        r = _thin_radius(rng, cam, W, np.array([0.5 * X, y, z]))
+        r = _thin_radius(rng, cam, f_ref, np.array([0.5 * X, y, z]))
         add("thin", Box(np.array([0.5 * X, y, z]), np.array([0.5 * X - 0.01, r, r]), 0.0, mat(("plain",), gray=True)))
 
 
-def _thin_outdoor(sc, cam, rng, W, mat, add) -> None:
+def _thin_outdoor(sc, cam, rng, W, f_ref, mat, add) -> None:
     road, walk = sc.street
     side = float(rng.choice([-1.0, 1.0]))
     z = rng.uniform(4.0, 45.0)
@@ -382,36 +383,37 @@ def _thin_outdoor(sc, cam, rng, W, mat, add) -> None:
     if kind == "sign":
         x = side * (road + rng.uniform(0.2, walk - 0.2))
         height = rng.uniform(2.2, 3.5)
-        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, W, np.array([x, 1.5, z])), height, m),
+        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, f_ref, np.array([x, 1.5, z])), height, m),
             Box(np.array([x, height, z]), np.array([rng.uniform(0.2, 0.4), rng.uniform(0.2, 0.35), 0.02]), 0.0, mat(("plain",))))
     elif kind == "railing":  # posts along the curb and two rails
         x, length, step = side * (road + 0.15), rng.uniform(6.0, 15.0), rng.uniform(1.2, 2.5)
-        posts = [Cylinder(np.array([x, 0.0, z + k * step]), _thin_radius(rng, cam, W, np.array([x, 0.5, z + k * step])), 1.0, m)
+        posts = [Cylinder(np.array([x, 0.0, z + k * step]), _thin_radius(rng, cam, f_ref, np.array([x, 0.5, z + k * step])), 1.0, m)
                  for k in range(int(length / step) + 1)]
-        r = _thin_radius(rng, cam, W, np.array([x, 1.0, z + 0.5 * length]))
+        r = _thin_radius(rng, cam, f_ref, np.array([x, 1.0, z + 0.5 * length]))
         add("thin", *posts, *(Box(np.array([x, y, z + 0.5 * length]), np.array([r, r, 0.5 * length]), 0.0, m) for y in (0.5, 1.0)))
     elif kind == "cable":  # across the street, between the building fronts
         y = rng.uniform(5.0, 8.0)
-        r = _thin_radius(rng, cam, W, np.array([0.0, y, z]))
+        r = _thin_radius(rng, cam, f_ref, np.array([0.0, y, z]))
         add("thin", Box(np.array([0.0, y, z]), np.array([road + walk, r, r]), rng.uniform(-0.2, 0.2), m))
     else:  # a row of bollards at the curb
         x = side * (road + 0.3)
-        add("thin", *(Cylinder(np.array([x, 0.0, z + 1.5 * k]), _thin_radius(rng, cam, W, np.array([x, 0.4, z + 1.5 * k])),
+        add("thin", *(Cylinder(np.array([x, 0.0, z + 1.5 * k]), _thin_radius(rng, cam, f_ref, np.array([x, 0.4, z + 1.5 * k])),
                                rng.uniform(0.7, 1.0), m) for k in range(int(rng.integers(3, 8)))))
 
 
-def _distant(sc, cam, rng, W, mat, add, indoor: bool) -> None:
-    """A small object (a few cm to half a meter) far from the camera, on the ground."""
+def _distant(sc, cam, rng, W, mat, add, indoor: bool, grow: float = 1.0) -> None:
+    """A small object (a few cm to half a meter at the reference width, times grow) far from the camera, on the
+    ground."""
     if indoor:
         X, _, Z = sc.room
         x, z, dist = _in_view(rng, cam, W, 0.55 * math.hypot(X, Z), 0.95 * math.hypot(X, Z))
         x, z = _inside_room(sc, x, z, 0.3)
-        size = rng.uniform(0.04, 0.15)
+        size = rng.uniform(0.04, 0.15) * grow
     else:
         x, z, dist = _in_view(rng, cam, W, 20.0, 70.0)
         road, walk = sc.street
         x = float(np.clip(x, -(road + walk) + 0.5, road + walk - 0.5))
-        size = rng.uniform(0.15, 0.5)
+        size = rng.uniform(0.15, 0.5) * grow
     m = mat()
     kind = int(rng.integers(3))
     if kind == 0:
@@ -453,7 +455,7 @@ def draw(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoor"
     kind = scene if scene != "mixed" else ("indoor" if rng.random() < 0.5 else "outdoor")
     sc, cam = (indoor_scene if kind == "indoor" else outdoor_scene)(rng, H, W, rig)
     fam = Families() if families is None else families
-    if fam != NO_FAMILIES:
+    if not fam.none:
         add_families(sc, cam, np.random.default_rng(key + [1]), fam, W)
     return sc, cam, kind
 
@@ -463,18 +465,20 @@ def render_batch(seed: int, indices, img_size: tuple[int, int], scene: str = "in
                  shadows: bool = True) -> dict:
     """Scenes (seed, split, i) for i in indices, rendered together on device.
 
-    Returns image float32 [B,H,W,3] in [0,1], depth float32 [B,H,W] meters (0 = no hit), K float32
-    [B,3,3] (on device) and the scene kinds. Deterministic; a scene's depth does not depend on the batch
+    Returns image float32 [B,H,W,3] in [0,1], depth float32 [B,H,W] meters (0 = no hit), thin bool [B,H,W] (the
+    pixels of thin structures and small objects: the thin band), K float32 [B,3,3] (on device) and the scene kinds. Deterministic; a scene's depth does not depend on the batch
     it is rendered in, its colour within float32 rounding (vectorized sin and atan2 round by position)."""
     H, W = int(img_size[0]), int(img_size[1])
     drawn = [draw(seed, i, (H, W), scene, split, rig, families) for i in indices]
-    image, depth = render_drawn([(sc, cam) for sc, cam, _ in drawn], device, H, W, shadows)
+    image, depth, thin = render_drawn([(sc, cam) for sc, cam, _ in drawn], device, H, W, shadows)
     K = torch.from_numpy(np.stack([cam.K for _, cam, _ in drawn])).to(device)
-    return dict(image=image, depth=depth, K=K, scene=[k for _, _, k in drawn])
+    return dict(image=image, depth=depth, thin=thin, K=K, scene=[k for _, _, k in drawn])
 
 
-def render_drawn(drawn: list, device, H: int, W: int, shadows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drawn (Scene, Camera) pairs rendered on device: image [B,H,W,3], depth [B,H,W] (raycast.cast_and_shade).
+def render_drawn(drawn: list, device, H: int, W: int, shadows: bool = True) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                     torch.Tensor]:
+    """Drawn (Scene, Camera) pairs rendered on device: image [B,H,W,3], depth [B,H,W], thin [B,H,W]
+    (raycast.cast_and_shade).
     On a CPU in one thread: the caster's small ops, split over threads, spend more on waiting than working."""
     threads = torch.get_num_threads()
     if torch.device(device).type == "cpu":
@@ -489,11 +493,12 @@ def render(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoo
            shadows: bool = True, rig: str = "varied", families: Families | None = None) -> dict:
     """Render scene (seed, split, index) at img_size (H, W) through the camera rig (see RIGS), on the CPU.
 
-    Returns image float32 [H,W,3] in [0,1], depth float32 [H,W] meters (0 = no hit), K float32 [3,3],
-    and the scene kind. Deterministic: the same arguments give the same bytes.
+    Returns image float32 [H,W,3] in [0,1], depth float32 [H,W] meters (0 = no hit), thin bool [H,W], K float32
+    [3,3], and the scene kind. Deterministic: the same arguments give the same bytes.
     """
     r = render_batch(seed, [index], img_size, scene, split, rig, families, "cpu", shadows)
-    return dict(image=r["image"][0].numpy(), depth=r["depth"][0].numpy(), K=r["K"][0].numpy(), scene=r["scene"][0])
+    return dict(image=r["image"][0].numpy(), depth=r["depth"][0].numpy(), thin=r["thin"][0].numpy(), K=r["K"][0].numpy(),
+                scene=r["scene"][0])
 
 
 def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int = 3, radius: int = 14) -> None:
@@ -510,7 +515,7 @@ def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int 
     for j in range(n):
         kind = ("indoor", "outdoor")[j % 2]
         sc, cam, _ = draw(seed, j, size, kind, "train", "fixed")
-        image, depth = render_drawn([(sc, cam)], "cpu", *size)
+        image, depth, _ = render_drawn([(sc, cam)], "cpu", *size)
         image, depth = image[0].numpy(), depth[0]
         band = edge_band(depth, depth > 0, radius).numpy()
         fam = _family_mask(sc, cam, size)
@@ -538,7 +543,7 @@ def _family_mask(sc: Scene, cam: Camera, size: tuple[int, int]) -> np.ndarray:
     """[H,W] bool: the pixels whose nearest hit is a primitive one of the families added."""
     from .raycast import cast
 
-    _, kind, slot, _ = cast(pack([(sc, cam)], "cpu"), *size)
+    _, kind, slot, _, _ = cast(pack([(sc, cam)], "cpu"), *size)
     own = set()
     for gid in sc.family:  # each family primitive's (kind, slot) in the packed tables
         k = PRIM_KINDS_OF[type(sc.prims[gid]).__name__]

@@ -53,7 +53,8 @@ from .viz import depth_figure
 
 METRICS = ("abs_rel", "sq_rel", "rmse", "rmse_log", "log10", "silog", "d1", "d2", "d3")  # table column order
 PATHS = ("packed", "masked", "dense", "glance")  # glance: the glance depth at the points, from the packed buffer
-POINT_SETS = {"uniform": ("uniform",), "edge": ("edge",), "both": ("uniform", "edge")}  # --points
+POINT_SETS = {"uniform": ("uniform",), "edge": ("edge",), "thin": ("thin",), "both": ("uniform", "edge"),
+              "all": ("uniform", "edge", "thin")}  # --points
 
 
 @dataclass
@@ -73,8 +74,9 @@ class EvalSettings:
     shares: bool = False  # the share of patches the packed path runs at each Q (for the curve)
     context: tuple[int, ...] = ()  # packed path again on these larger buffers (K patch slots > Q's bucket):
     #                                rows "packed@K", what more context tokens for the same queries buy
-    points: str = "uniform"  # "uniform" | "edge" | "both": query points uniform over the valid pixels, inside the
-    #                          depth-edge band (depthpack.data.queries.edge_band), or both, each its own table
+    points: str = "uniform"  # "uniform" | "edge" | "thin" | "both" | "all": query points uniform over the valid pixels,
+    #                          inside the depth-edge band (depthpack.data.queries.edge_band), on thin structures and
+    #                          small objects (the thin band: synthetic scenes), uniform and edge, or all three
     band_radius: int | None = None  # the edge band's radius in pixels; None: one patch of the model (band_radius())
     band_threshold: float = EDGE_THRESHOLD  # a neighbour depth ratio above this is a discontinuity
     focal: str = "data"  # "data": each image's focal length where the data set has it (0 = unknown);
@@ -240,7 +242,8 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
                            "summary": summarize(rows, const)}
     first = out_bands[bands[0]]
     out = {**first, "bands": out_bands, "settings": asdict(s), "focal": focal_report(focals, s, model),
-           "band": {"radius": radius, "threshold": s.band_threshold, "images_without_band": skipped.get("edge")}}
+           "band": {"radius": radius, "threshold": s.band_threshold, "images_without_band": skipped.get("edge"),
+                    **({"images_without_thin": skipped["thin"]} if "thin" in skipped else {})}}
     if s.dense_map:
         out["dense_map"] = [{"path": "dense map", "anchors": a, "images": m["acc"].images, **m["acc"].compute(),
                              "boundary_f1": sum(m["f1"]) / len(m["f1"])} for a, m in maps.items() if m["acc"].images]
@@ -251,10 +254,15 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
 
 def region(sample: dict, band: str, radius: int, threshold: float) -> torch.Tensor:
     """Where a point set draws its points in a sample: its valid pixels inside the evaluation crop, and
-    for "edge" inside the depth-edge band too."""
+    for "edge" inside the depth-edge band, for "thin" on the thin band (the sample's "thin" mask) too."""
     mask = sample["valid"] & sample["eval_mask"]
     if band == "edge":
         mask = mask & edge_band(sample["depth"], sample["valid"], radius, threshold)
+    elif band == "thin":
+        if "thin" not in sample:
+            raise ValueError(f"--points thin: sample {sample.get('name', '?')} has no thin-structure mask (only "
+                             f"synthetic scenes carry one: data.kind synthetic)")
+        mask = mask & sample["thin"]
     return mask
 
 
@@ -373,7 +381,7 @@ def quick_eval(model, dataset, q: int, max_images: int, seed: int = 0) -> dict[s
 
 # ---- reports ------------------------------------------------------------------------------------
 def to_markdown(result: dict[str, Any], title: str = "") -> str:
-    """eval.md: a table per point set (uniform, edge band), then each set's summary lines."""
+    """eval.md: a table per point set (uniform, edge band, thin band), then each set's summary lines."""
     lines = [f"# {title}" if title else ""]
     for band, r in result["bands"].items():
         lines += ["", f"## {_band_words(band, result)}", ""] if len(result["bands"]) > 1 else [""]
@@ -384,6 +392,8 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
 def _band_words(band: str, result: dict[str, Any]) -> str:
     if band == "uniform":
         return "Uniform points"
+    if band == "thin":
+        return "Thin band: points on thin structures and small objects (synthetic scenes)"
     b = result["band"]
     return (f"Depth-edge band: points within {b['radius']} px of a depth discontinuity (neighbour ratio > "
             f"{b['threshold']:g})")
@@ -579,7 +589,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "0.5: as in training, harder: depth edges)")
     ap.add_argument("--points", choices=tuple(POINT_SETS), default="both",
                     help="where the query points are drawn: uniform over the valid pixels, inside the depth-edge band "
-                         "(pixels near a depth discontinuity, where resolution decides), or both (a table each)")
+                         "(pixels near a depth discontinuity, where resolution decides), on the thin band (thin "
+                         "structures and small objects: synthetic scenes), both uniform and edge, or all three (a table "
+                         "each)")
     ap.add_argument("--band-radius", type=int, default=None, metavar="PX",
                     help="the edge band's radius in pixels of the evaluated images (default: one patch of the model)")
     ap.add_argument("--band-threshold", type=float, default=EDGE_THRESHOLD, metavar="RATIO",

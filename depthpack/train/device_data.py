@@ -169,7 +169,7 @@ class FreshScenes:
             for step in range(start_step + 1, cfg.steps + 1):
                 drawn = ahead.result()
                 ahead = self.pool.submit(self._draw, step + 1) if step < cfg.steps else None
-                image, depth = render_drawn(drawn, self.device, H, W)
+                image, depth, _ = render_drawn(drawn, self.device, H, W)
                 img8 = torch.round(image.clamp(0, 1) * 255.0).to(torch.uint8).permute(0, 3, 1, 2)  # as a camera's
                 focal = torch.tensor([math.sqrt(cam.fx * cam.fy) for _, cam in drawn], dtype=torch.float32,
                                      device=self.device)

@@ -65,9 +65,39 @@ def test_block_kernels_in_triton_interpreter_match_reference():
     assert _interpreted(code) < 1e-5
 
 
+@pytest.mark.skipif(not HAVE_TRITON, reason="needs triton for its interpreter")
+def test_one_way_block_kernels_in_triton_interpreter_match_reference_and_hide_the_patches():
+    """The attention kernel's per-row key limit (the one-way prefix): against the reference on fresh inputs, query
+    tiles wholly inside the prefix, across it and past it; and a prefix row's output does not move when every
+    patch token does."""
+    code = textwrap.dedent("""
+        import torch
+        from depthpack.kernels.vit_block import run_interpreted, vit_block_reference
+        from test_kernels import _block_case
+        worst = 0.0
+        for i, (shape, sms, P) in enumerate([((2, 37, 96, 3, 384, True), 132, 5), ((1, 70, 64, 2, 200, False), 132, 20),
+                                             ((1, 300, 64, 2, 256, True), 1, 193), ((2, 41, 64, 2, 256, False), 7, 17),
+                                             ((1, 70, 64, 2, 200, True), 5, 64)]):
+            x, w = _block_case(*shape, seed=400 + i)
+            got = run_interpreted(x, *w, sms=sms, prefix=P)
+            want = vit_block_reference(x, *w, prefix=P)
+            assert not got.isnan().any(), "unwritten output"
+            assert ((vit_block_reference(x, *w) - want).norm() / want.norm()) > 1e-2  # the rule matters here
+            worst = max(worst, ((got - want).norm() / want.norm()).item())
+            moved = x.clone()
+            moved[:, P:] = torch.randn(moved[:, P:].shape, generator=torch.Generator().manual_seed(i))
+            again = run_interpreted(moved, *w, sms=sms, prefix=P)
+            assert torch.allclose(again[:, :P], got[:, :P], rtol=0, atol=1e-6), "a prefix row read a patch token"
+        print(worst)
+    """)
+    assert _interpreted(code) < 1e-5
+
+
 @pytest.mark.parametrize("init_values", [None, 0.5])
-def test_block_reference_is_timms_block(init_values):
-    """The reference the kernels are held to computes timm's Block (with and without LayerScale)."""
+@pytest.mark.parametrize("prefix", [0, 9])
+def test_block_reference_is_the_models_block(init_values, prefix):
+    """The reference the kernels are held to computes the model's block (timm's, one-way below the prefix), with
+    and without LayerScale."""
     from depthpack.core.model import random_weights_
     from depthpack.kernels.vit_block import block_weights, vit_block_reference
 
@@ -76,7 +106,7 @@ def test_block_reference_is_timms_block(init_values):
     with torch.no_grad():
         want = got = tokens
         for blk in m.backbone.blocks:
-            want, got = blk(want), vit_block_reference(got, *block_weights(blk))
+            want, got = blk(want, prefix=prefix), vit_block_reference(got, *block_weights(blk), prefix=prefix)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -132,23 +162,25 @@ def test_gpu_block_kernels_match_reference_eager_compiled_graphed(kind, dtype, t
 
     torch._dynamo.reset()
     ops = torch.ops.depthpack
-    op = {"hybrid": lambda x, *w: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res),
-          "hybrid+epilogue": lambda x, *w: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res,
-                                                        gelu_epilogue=True)}[kind]
+    op = {"hybrid": lambda x, *w, prefix: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res,
+                                                       prefix=prefix),
+          "hybrid+epilogue": lambda x, *w, prefix: hybrid_block(x, *w, attn_proj=ops.attn_proj_res, fc2=ops.fc2_res,
+                                                                gelu_epilogue=True, prefix=prefix)}[kind]
     if kind == "hybrid+epilogue" and dtype == torch.float32:
         tol = 1e-3  # cuBLASLt's tanh GELU against the reference's erf GELU
-    for seed, shape in enumerate([(1, 321, 384, 6, 1536, True), (8, 577, 384, 6, 1536, False),
-                                  (3, 37, 96, 3, 200, True)]):
+    # (shape, one-way prefix): vits at 420x560 has 1 + 192 prefix tokens
+    for seed, (shape, P) in enumerate([((1, 321, 384, 6, 1536, True), 0), ((1, 449, 384, 6, 1536, True), 193),
+                                       ((8, 577, 384, 6, 1536, False), 193), ((3, 37, 96, 3, 200, True), 0)]):
         x, w = _block_case(*shape, seed=300 + seed, dtype=dtype, device="cuda")
-        want = vit_block_reference(x.float(), *[t.float() if torch.is_tensor(t) else t for t in w])
+        want = vit_block_reference(x.float(), *[t.float() if torch.is_tensor(t) else t for t in w], prefix=P)
         def check(got, how):
             err = ((got - want).norm() / want.norm()).item()
-            assert err < tol, f"{how} {shape}: relative error {err:.2e} > {tol}"
-        check(op(x, *w), "eager")
-        check(torch.compile(lambda x: op(x, *w), fullgraph=True, dynamic=False)(x), "compiled")
+            assert err < tol, f"{how} {shape} prefix {P}: relative error {err:.2e} > {tol}"
+        check(op(x, *w, prefix=P), "eager")
+        check(torch.compile(lambda x: op(x, *w, prefix=P), fullgraph=True, dynamic=False)(x), "compiled")
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = op(x, *w)
+            out = op(x, *w, prefix=P)
         for replay in range(2):
             out.fill_(float("nan"))
             graph.replay()

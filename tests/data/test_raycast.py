@@ -58,7 +58,7 @@ def test_ray_cast_is_exact_and_occludes():
     box = syn.Box(np.array([-1.0, 0.6, 3.0]), np.array([0.4, 0.3, 0.5]), 0.0, 0)  # front face z = 2.5
     pole = syn.Cylinder(np.array([1.6, -1.0, 2.0]), 0.1, 1.5, 0)  # from y = -1 (up in the image) to 0.5
     scene = syn.Scene([wall, ball, box, pole], [syn.Material("plain", np.ones(3), np.ones(3))], np.zeros(3), False, 0.3, False)
-    t, kind, slot, _ = rc.cast(rc.pack([(scene, cam)]), H, W)
+    t, kind, slot, _, _ = rc.cast(rc.pack([(scene, cam)]), H, W)
     t, kind, slot = t.view(H, W).numpy(), kind.view(H, W).numpy(), slot.view(H, W).numpy()
     sphere = analytic_sphere_depth(H, W, 30.0, [0.3, -0.2, 4.0], 1.1)
     x = (np.arange(W) + 0.5 - W / 2) / 30.0
@@ -117,11 +117,11 @@ def test_ties_go_to_the_primitive_drawn_first():
     second = syn.Plane(np.array([0.0, 0.0, -1.0]), -2.0, np.eye(3)[0], np.eye(3)[1], 0)  # z = 2 too
     for prims, want in (([first, second], 1), ([second, first], 0)):
         scene = syn.Scene(prims, mats, np.zeros(3), False, 1.0, False)
-        t, kind, slot, _ = rc.cast(rc.pack([(scene, cam)]), H, W)
+        t, kind, slot, _, _ = rc.cast(rc.pack([(scene, cam)]), H, W)
         assert (t == 2.0).all()
         winner = prims[0]
         assert (kind == rc.PRIM_KINDS.index(rc.kind_of(winner))).all(), (prims, kind)
-        img, _ = rc.cast_and_shade(rc.pack([(scene, cam)]), H, W, shadows=False)
+        img, _, _ = rc.cast_and_shade(rc.pack([(scene, cam)]), H, W, shadows=False)
         assert torch.allclose(img, torch.tensor(mats[want].c1[0] ** 0.5, dtype=torch.float32))
 
 

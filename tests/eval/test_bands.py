@@ -25,7 +25,7 @@ def box_scene(with_box: bool = True) -> dict:
     prims = [wall] + ([syn.Box(np.array([0.0, 0.0, 3.5]), np.array([1.0, 0.5, 0.5]), 0.0, 0)] if with_box else [])
     scene = syn.Scene(prims, [syn.Material("checker", np.full(3, 0.2), np.full(3, 0.8), 0.5)], np.array([0.0, -2.0, 1.0]),
                       False, 0.3, False)
-    image, depth = rc.cast_and_shade(rc.pack([(scene, cam)]), H, W)
+    image, depth, _ = rc.cast_and_shade(rc.pack([(scene, cam)]), H, W)
     valid = depth[0] > 0
     return dict(image=image[0].permute(2, 0, 1).contiguous(), depth=depth[0], valid=valid, eval_mask=torch.ones_like(valid),
                 focal=torch.tensor(F), name="box")

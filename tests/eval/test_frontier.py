@@ -21,13 +21,45 @@ def write_plan(tmp_path: Path, runs: list[dict], **kw) -> Path:
     return path
 
 
-def test_costs_follow_the_buffer():
-    cfg = model_config("tiny")  # 64 patches, buckets 8..64
+@pytest.mark.parametrize("stream", ["oneway", "shared"])
+def test_costs_follow_the_buffer(stream):
+    cfg = model_config("tiny", glance_stream=stream)  # 64 patches, buckets 8..64
     t8, g8 = packed_cost(cfg, 8)
     t64, g64 = packed_cost(cfg, 64)
     assert t8 == cfg.num_prefix + 8 and t64 == cfg.num_prefix + 64 and g8 < g64
     assert dense_cost(cfg) == (t64, pytest.approx(g64))  # 64 slots hold every patch: the dense buffer
-    assert packed_cost(cfg, 100)[1] == pytest.approx(2 * g64)  # two chunks of 64
+    if stream == "shared":
+        assert packed_cost(cfg, 100)[1] == pytest.approx(2 * g64)  # two chunks of 64
+    else:  # the prefix once, each chunk's 64 patches reading its keys: less than two whole buffers
+        P, A, D, L = cfg.num_prefix, cfg.num_anchors, cfg.embed_dim, cfg.depth
+        per_row = 2 * D * D * (4 + 2 * cfg.mlp_ratio)  # the four linear layers, a token
+        prefix = L * (P * per_row + 4 * P * P * D) + 2 * A * 3 * 64 * D
+        chunk = L * (64 * per_row + 4 * 64 * (P + 64) * D) + 2 * 64 * 3 * 64 * D
+        assert packed_cost(cfg, 100)[1] == pytest.approx((prefix + 2 * chunk) / 1e9) and (prefix + 2 * chunk) / 1e9 < 2 * g64
+
+
+def test_costs_count_the_attention_as_it_runs():
+    """The encoder GFLOP of one buffer equals what torch's FLOP counter measures on the model's encoder (the
+    attention counted from the SDPA calls it makes: one-way, the prefix rows over the prefix keys)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from depthpack import create_model
+    from depthpack.eval.frontier import buffer_gflop
+
+    def sdpa(q_shape, k_shape, *args, **kwargs) -> int:  # QK^T and AV: 2 multiply-adds a (query, key, dim)
+        B, H, S, d = q_shape
+        return 4 * B * H * S * k_shape[2] * d
+
+    ops = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: sdpa}
+    for stream in ("oneway", "shared"):
+        m = create_model("tiny", glance_stream=stream).eval()
+        img, pts = torch.rand(1, 3, 64, 64), torch.rand(1, 8, 2) * 63
+        for k in (8, 32):
+            index = m.select(img, pts, k)[0]
+            with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=ops) as counter:
+                m.encode(img, index)
+            assert counter.get_total_flops() / 1e9 == pytest.approx(buffer_gflop(m.cfg, k), rel=1e-6), (stream, k)
 
 
 @pytest.mark.parametrize("runs, match", [
