@@ -1,5 +1,6 @@
 """The accuracy-cost frontier: the packed model's Q sweep beside dense models at several image sizes,
-AbsRel against encoder GFLOP, on uniform points and in the depth-edge band, all trained the same way.
+AbsRel against encoder GFLOP, on uniform points, in the depth-edge band and on the thin band (thin structures and
+small objects of synthetic scenes), all trained the same way.
 
     python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --jobs 2          # train + evaluate
     python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --no-train        # finished runs only
@@ -10,8 +11,8 @@ folder holds a finished summary.json are read, not trained again; the rest train
 --jobs at a time. Every run is evaluated on the same held-out scenes at the plan's `image` size (a
 model of another size sees them resized, its points scaled), at the same query points, with the same
 depth-edge band (`band_radius` pixels of that image). Rows go to --out (docs/results/frontier.json
-by default): {name, path, image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, steps, scenes,
-seed, device, torch, commit, patches, default}; the figure to --figure.
+by default): {name, path, image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps,
+scenes, seed, device, torch, commit, patches, default}; the figure to --figure.
 """
 from __future__ import annotations
 
@@ -122,7 +123,9 @@ def train_run(plan: dict, run: dict, folder: Path, log: Path) -> None:
 def eval_run(plan: dict, run: dict, folder: Path, log: Path) -> dict:
     """eval.json of the run on the plan's images, points and band (evaluated once, then read)."""
     out = folder / "frontier_eval"
-    key = json.dumps({k: plan.get(k) for k in ("image", "queries", "band_radius", "max_images")}, sort_keys=True)
+    points = "all" if _data_kind(folder) == "synthetic" else "both"  # the thin band: synthetic scenes carry it
+    key = json.dumps({**{k: plan.get(k) for k in ("image", "queries", "band_radius", "max_images")}, "points": points},
+                     sort_keys=True)
     done = out / "eval.json"
     if done.is_file() and (out / "plan.json").is_file() and (out / "plan.json").read_text() == key:
         return json.loads(done.read_text())
@@ -131,7 +134,7 @@ def eval_run(plan: dict, run: dict, folder: Path, log: Path) -> dict:
     if run["path"] == "packed" and not _model_cfg(folder).glance_depth:
         paths.remove("glance")
     cmd = [sys.executable, "-m", "depthpack.eval", "--checkpoint", str(folder), "--out", str(out), "--queries",
-           *[str(q) for q in plan.get("queries", [16, 64, 256])], "--points", "both", "--anchors", "on",
+           *[str(q) for q in plan.get("queries", [16, 64, 256])], "--points", points, "--anchors", "on",
            "--image-size", f"{w}x{h}", "--paths", *paths, "--figure-images", "0", "--no-progress",
            "--device", plan.get("device", "auto")]
     if plan.get("band_radius") is not None:
@@ -141,6 +144,12 @@ def eval_run(plan: dict, run: dict, folder: Path, log: Path) -> dict:
     call(cmd, log, f"evaluating {run['name']!r}")
     (out / "plan.json").write_text(key)
     return json.loads(done.read_text())
+
+
+def _data_kind(folder: Path) -> str:
+    from ..core.checkpoint import stored_config
+
+    return stored_config(folder).get("train", {}).get("data", {}).get("kind", "synthetic")
 
 
 def _model_cfg(folder: Path) -> ModelConfig:
@@ -172,26 +181,29 @@ def rows_of(plan: dict, run: dict, folder: Path, result: dict, summary: dict) ->
                              if r["path"] == path and r["queries"] == q and r["anchors"] is not False), None)
             tokens, gflop = dense_cost(cfg) if path == "dense" else packed_cost(cfg, q)
             out.append({"name": run["name"], "path": path, "q": q, "tokens": tokens, "encoder_gflop": round(gflop, 3),
-                        "absrel_uniform": get("uniform"), "absrel_edge": get("edge"), **meta,
+                        "absrel_uniform": get("uniform"), "absrel_edge": get("edge"), "absrel_thin": get("thin"), **meta,
                         "default": bool(run.get("default")) and path == "packed"})
     return out
 
 
 # ---- the figure ---------------------------------------------------------------------------------
 def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
-    """AbsRel against encoder GFLOP, uniform points and the edge band side by side: each packed model's Q
-    sweep as a line, each model's own dense path and the dense-trained models as points."""
+    """AbsRel against encoder GFLOP, uniform points, the edge band and (where rows have it) the thin band side by
+    side: each packed model's Q sweep as a line, each model's own dense path and the dense-trained models as points."""
     from .viz import _plt
 
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 7), sharex=True)
+    bands = [("absrel_uniform", "uniform points"), ("absrel_edge", "depth-edge band")]
+    if any(r.get("absrel_thin") is not None for r in rows):
+        bands.append(("absrel_thin", "thin band (thin structures, small objects)"))
+    fig, axes = plt.subplots(1, len(bands), figsize=(6 * len(bands), 7), sharex=True)
     packed_names = sorted({r["name"] for r in rows if r["path"] == "packed"})
     dense_trained = sorted({r["name"] for r in rows if r["path"] == "dense"} - set(packed_names))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, key, label in ((axes[0], "absrel_uniform", "uniform points"), (axes[1], "absrel_edge", "depth-edge band")):
+    for ax, (key, label) in zip(axes, bands):
         for i, name in enumerate(packed_names):
-            pts = sorted((r["encoder_gflop"], r[key], r["q"]) for r in rows if r["name"] == name and r["path"] == "packed"
-                         and r[key] is not None)
+            pts = sorted((r["encoder_gflop"], r.get(key), r["q"]) for r in rows if r["name"] == name and r["path"] == "packed"
+                         and r.get(key) is not None)
             if not pts:
                 continue
             c = colors[i % len(colors)]
@@ -200,18 +212,18 @@ def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
                     label=f"{name} (packed, Q sweep)" + (" [default]" if default else ""))
             for x, y, q in pts:
                 ax.annotate(f"Q{q}", (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7, color=c)
-            glance = [(r["encoder_gflop"], r[key]) for r in rows if r["name"] == name and r["path"] == "glance"
-                      and r[key] is not None]
+            glance = [(r["encoder_gflop"], r.get(key)) for r in rows if r["name"] == name and r["path"] == "glance"
+                      and r.get(key) is not None]
             if glance:
                 ax.plot(*zip(*sorted(glance)), "x:", color=c, lw=0.8, label=f"{name}: its glance depth")
         curve = []
         for name in dense_trained:  # at the largest Q's points (the most points): one marker a model
-            mine = [r for r in rows if r["name"] == name and r[key] is not None]
+            mine = [r for r in rows if r["name"] == name and r.get(key) is not None]
             if mine:
                 r = max(mine, key=lambda r: r["q"])
-                ax.plot(r["encoder_gflop"], r[key], "s", color="black", mfc="none")
-                ax.annotate(name, (r["encoder_gflop"], r[key]), textcoords="offset points", xytext=(4, -10), fontsize=7)
-                curve += [(r["encoder_gflop"], r[key])] if not r["seed"] else []
+                ax.plot(r["encoder_gflop"], r.get(key), "s", color="black", mfc="none")
+                ax.annotate(name, (r["encoder_gflop"], r.get(key)), textcoords="offset points", xytext=(4, -10), fontsize=7)
+                curve += [(r["encoder_gflop"], r.get(key))] if not r["seed"] else []
         front = []
         for g, a in sorted(curve):  # each model better than every cheaper one
             if not front or a < front[-1][1]:

@@ -84,6 +84,9 @@ class TrainConfig:
     #                              prefix and the glance depth through a stop-gradient, so only glance_loss trains it
     dense_first_steps: int = 0  # schedule: the first steps train the dense path at dense_first_size, then packed
     dense_first_size: list[int] | None = None  # (H, W) of those steps, multiples of the patch (None: the model's)
+    data_size: list[int] | None = None  # (H, W) the training scenes or images are made at, area-resized to the model's
+    #                                     size in every step: a smaller model sees what downscale-and-run-dense gives
+    #                                     it (None: made at the model's size)
     hflip: bool = False  # mirror a training sample left-right with probability 1/2 (seeded like its points)
     ckpt_every: int = 200  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # checkpoints kept on disk (the previous one is the fallback)
@@ -156,6 +159,12 @@ class TrainConfig:
             if not (mc.oneway and mc.glance_depth and self.glance_loss > 0):
                 problems.append("glance_detach needs model.glance_stream oneway, model.glance_depth and glance_loss > 0 "
                                 "(the glance loss alone then trains the glance stream)")
+        if self.data_size is not None:
+            if len(self.data_size) != 2 or min(self.data_size) < 1:
+                problems.append(f"data_size must be (H, W), two positive pixel counts, got {self.data_size}")
+            elif self.data_path != "host":
+                problems.append(f"data_size needs the host data path (no data.fresh, no data.device_cache): the "
+                                f"{self.data_path} path makes its scenes at the model's size")
         if self.dense_first_size is not None:
             mc, size = self.model_config(), self.dense_first_size
             if len(size) != 2 or any(v < mc.patch_size or v % mc.patch_size for v in size):
@@ -276,10 +285,11 @@ def glance_size(cfg: TrainConfig) -> tuple[int, int] | None:
 
 def step_path(cfg: TrainConfig, step: int) -> tuple[str, tuple[int, int] | None]:
     """The path step trains and the image size it runs at: dense at dense_first_size for the first
-    dense_first_steps steps, then train_path at the model's size."""
+    dense_first_steps steps, then train_path at the model's size (None: the data's, when they are made at it)."""
+    size = tuple(cfg.model_config().img_size) if cfg.data_size is not None else None
     if step <= cfg.dense_first_steps:
-        return "dense", tuple(cfg.dense_first_size) if cfg.dense_first_size else None
-    return cfg.train_path, None
+        return "dense", tuple(cfg.dense_first_size) if cfg.dense_first_size else size
+    return cfg.train_path, size
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:

@@ -132,6 +132,33 @@ def test_the_dense_objective_is_the_dense_paths_silog_whatever_the_bucket():
         load_train_config(TINY, ["train_path=masked"])
 
 
+def test_data_size_trains_on_scenes_made_larger_and_area_resized(tmp_path):
+    """data_size: the training scenes are made at (H, W) and each step area-resizes them to the model's size (what
+    downscale-and-run-dense feeds a small model); the step's loss is the objective on the resized batch."""
+    import torch.nn.functional as F
+
+    from depthpack.train.config import step_path
+    from depthpack.train.loop import _training_set, build_model
+    from depthpack.train.losses import PackedObjective
+    from depthpack.train.distributed import Dist
+
+    cfg = tiny_cfg(tmp_path, "data_size=[96,128]", "train_path=dense")
+    assert step_path(cfg, 1) == ("dense", (64, 64)) and step_path(tiny_cfg(tmp_path), 1) == ("packed", None)
+    ds = _training_set(cfg, Dist(), cfg.steps)
+    b, _, _ = host_batch(ds, 16, 2)
+    assert b.images.shape[-2:] == (96, 128)
+    model = randomize_(build_model(cfg, torch.device("cpu")))
+    obj = PackedObjective(model, 0.5)
+    small = F.interpolate(b.images, size=(64, 64), mode="area")
+    pts = b.points * torch.tensor([64 / 128, 64 / 96])
+    torch.testing.assert_close(obj(b.images, b.points, b.target, b.valid, 16, dense=True, size=(64, 64))[0],
+                               obj(small, pts, b.target, b.valid, 16, dense=True)[0])
+    for bad, match in ((["data_size=[0,64]"], "data_size must be"), (["data_size=[64,64]", "data.fresh=true"],
+                                                                        "data_size needs the host data path")):
+        with pytest.raises(ValueError, match=match):
+            tiny_cfg(tmp_path, *bad)
+
+
 def test_random_budgets_draw_every_bucket_that_holds_q():
     from depthpack.train.config import draw_bucket
 
