@@ -492,6 +492,8 @@ class DepthPack(nn.Module):
     def glance_map_core(self, images: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
         """The glance's depth map [B,rows,cols] alone, no points: the one-way prefix through the blocks, the
         map every buffer of the image holds (cfg.glance_stream oneway)."""
+        if self.glance_head is None:
+            raise ValueError("the map needs a glance depth (model.glance_depth)")
         glance, _ = self.encode_prefix(images)
         return self.glance_map(glance, tuple(images.shape[-2:]), self.focal_scale(images, focal))
 

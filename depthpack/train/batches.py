@@ -82,9 +82,10 @@ class WithQueries(torch.utils.data.Dataset):
     number of workers, and again on a resumed run.
     """
 
-    def __init__(self, base, seed: int, rank: int, queries: QueryConfig, hflip: bool = False, patch_size: int = 1):
+    def __init__(self, base, seed: int, rank: int, queries: QueryConfig, hflip: bool = False, patch_size: int = 1,
+                 xy: tuple[float, float] = (1.0, 1.0)):
         self.base, self.seed, self.rank, self.queries, self.hflip = base, seed, rank, queries, hflip
-        self.patch_size = patch_size
+        self.patch_size, self.xy = patch_size, xy
 
     def __len__(self) -> int:
         return len(self.base)
@@ -99,12 +100,30 @@ class WithQueries(torch.utils.data.Dataset):
         band = edge_band(sample["depth"], sample["valid"], self.patch_size) if qc.edge_source == "depth" else None
         sample["points"] = sample_queries(sample["valid"], sample["image"], q, g, qc.edge_frac, band).float()
         if qc.extra_points:  # pixels inside the patches of the queries (any pixel: invalid ones are masked)
-            n, p = q * qc.extra_points, self.patch_size
+            n = q * qc.extra_points
             parent = torch.randint(q, (n,), generator=g)
-            corner = torch.div(sample["points"][parent], p, rounding_mode="floor") * p
-            sample["extra_points"] = corner + torch.randint(p, (n, 2), generator=g).float()
+            sample["extra_points"] = in_patch(sample["points"][parent], torch.randint(self.patch_size, (n, 2), generator=g),
+                                              self.patch_size, self.xy)
             sample["extra_parent"] = parent
         return sample
+
+
+def in_patch(points: torch.Tensor, offset: torch.Tensor, p: int, xy: tuple[float, float]) -> torch.Tensor:
+    """Points [...,2] in the data's pixels -> the pixel at integer offset [...,2] in [0, p) of each point's patch,
+    the patch the model sees it in (xy: model pixels per data pixel, x and y, as the step scales them; to_model)."""
+    if xy == (1.0, 1.0):
+        return torch.div(points, p, rounding_mode="floor") * p + offset.float()
+    s = torch.tensor(xy, dtype=torch.float32, device=points.device)
+    corner = torch.div(points * s, p, rounding_mode="floor") * p
+    return (corner + offset.float() + 1e-3) / s  # a thousandth inside: rounding cannot carry it across the border
+
+
+def to_model(cfg: TrainConfig) -> tuple[float, float]:
+    """Model pixels per data pixel (x, y): the model's size over cfg.data_size, else 1."""
+    if cfg.data_size is None:
+        return 1.0, 1.0
+    (H, W), (h, w) = cfg.data_size, cfg.model_config().img_size
+    return w / W, h / H
 
 
 def hflip_sample(sample: dict) -> dict:
@@ -133,7 +152,7 @@ def host_batches(dataset, cfg: TrainConfig, rank: int, world: int, start_step: i
                  device: torch.device) -> Iterator[Batch]:
     """The batches of steps start_step+1 .. cfg.steps, made by a DataLoader (one per epoch) and copied to device."""
     buckets = cfg.model_config().buckets
-    wrapped = WithQueries(dataset, cfg.seed, rank, cfg.queries, cfg.hflip, cfg.model_config().patch_size)
+    wrapped = WithQueries(dataset, cfg.seed, rank, cfg.queries, cfg.hflip, cfg.model_config().patch_size, to_model(cfg))
     B = cfg.batch_size
     for perm, steps, offset in batch_order(len(dataset), cfg, world, rank, start_step, "the data set"):
         qs = [draw_q(cfg, buckets, s) for s in steps]

@@ -162,9 +162,9 @@ class TrainConfig:
         if self.data_size is not None:
             if len(self.data_size) != 2 or min(self.data_size) < 1:
                 problems.append(f"data_size must be (H, W), two positive pixel counts, got {self.data_size}")
-            elif self.data_path != "host":
-                problems.append(f"data_size needs the host data path (no data.fresh, no data.device_cache): the "
-                                f"{self.data_path} path makes its scenes at the model's size")
+            elif self.data_path == "fresh":
+                problems.append("data_size needs stored scenes (not data.fresh: its scenes are rendered at the model's "
+                                "size)")
         if self.dense_first_size is not None:
             mc, size = self.model_config(), self.dense_first_size
             if len(size) != 2 or any(v < mc.patch_size or v % mc.patch_size for v in size):

@@ -31,7 +31,7 @@ from ..core.config import ModelConfig
 from ..data.queries import edge_band, sobel_magnitude
 from ..data.store import SceneStore, decode_rows
 from ..data.synthetic import draw, render_drawn
-from .batches import Batch, at_points, batch_order, glance_targets
+from .batches import Batch, at_points, batch_order, glance_targets, in_patch, to_model
 from .config import TrainConfig, draw_bucket, draw_q, glance_size
 
 LOAD_CHUNK_BYTES = 256 << 20  # host -> device copy in pieces of this size (no giant staging buffer)
@@ -86,9 +86,10 @@ class DeviceScenes:
 
     def __init__(self, store: SceneStore, device: torch.device, cfg: TrainConfig, mcfg: ModelConfig, rank: int = 0,
                  world: int = 1):
-        if tuple(mcfg.img_size) != (store.layout.height, store.layout.width):
+        want = tuple(cfg.data_size or mcfg.img_size)
+        if want != (store.layout.height, store.layout.width):
             raise ValueError(f"scene store {store.path} holds {store.layout.height}x{store.layout.width} scenes, "
-                             f"the model takes {mcfg.img_size}")
+                             f"the run takes {want} (model.img_size, or data_size)")
         self.store, self.device, self.cfg, self.mcfg, self.rank, self.world = store, device, cfg, mcfg, rank, world
         self.rows = load_rows(store, device)  # [n, row_bytes] uint8: the one tensor
         self.n = store.n
@@ -131,8 +132,8 @@ def make_batch(img8: torch.Tensor, depth: torch.Tensor, focal: torch.Tensor, q: 
     if cfg.queries.extra_points:
         n, p = cfg.queries.extra_points * bucket, mcfg.patch_size
         parent = torch.randint(q, (B, n), generator=g, device=dev)  # among the real queries only
-        corner = torch.div(torch.gather(points, 1, parent.unsqueeze(-1).expand(B, n, 2)), p, rounding_mode="floor") * p
-        xp = corner + torch.randint(p, (B, n, 2), generator=g, device=dev).float()
+        xp = in_patch(torch.gather(points, 1, parent.unsqueeze(-1).expand(B, n, 2)),
+                      torch.randint(p, (B, n, 2), generator=g, device=dev), p, to_model(cfg))
         xt, xv = at_points(xp, depth, valid_map)
         extra = (xp, parent, xt, xv & (torch.arange(n, device=dev) < cfg.queries.extra_points * q))
     return Batch(images, points, target, valid, extra, focal, bucket, q, step, glance_targets(depth, valid_map, glance_size(cfg)))

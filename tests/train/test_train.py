@@ -153,8 +153,16 @@ def test_data_size_trains_on_scenes_made_larger_and_area_resized(tmp_path):
     pts = b.points * torch.tensor([64 / 128, 64 / 96])
     torch.testing.assert_close(obj(b.images, b.points, b.target, b.valid, 16, dense=True, size=(64, 64))[0],
                                obj(small, pts, b.target, b.valid, 16, dense=True)[0])
+    # supervision points stay inside their query's patch as the model sees it, at any ratio of the sizes
+    from depthpack.train.batches import in_patch
+    pts = torch.cat([torch.rand(500, 2) * torch.tensor([127.9, 95.9]), torch.arange(0, 96, 4.0)[:, None].expand(-1, 2)])
+    for ratio in ((1.0, 1.0), (0.5, 0.5), (96 / 128, 96 / 128), (0.5, 64 / 96)):
+        xy = torch.tensor(ratio)  # as the objective scales the points to the model's pixels
+        for offset in (torch.randint(8, (524, 2)), torch.zeros(524, 2, dtype=torch.long)):
+            xp = in_patch(pts, offset, 8, ratio)
+            assert torch.equal(torch.div(xp * xy, 8, rounding_mode="floor"), torch.div(pts * xy, 8, rounding_mode="floor"))
     for bad, match in ((["data_size=[0,64]"], "data_size must be"), (["data_size=[64,64]", "data.fresh=true"],
-                                                                        "data_size needs the host data path")):
+                                                                        "data_size needs stored scenes")):
         with pytest.raises(ValueError, match=match):
             tiny_cfg(tmp_path, *bad)
 
