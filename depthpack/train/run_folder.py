@@ -51,7 +51,8 @@ def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) 
         if d.main:
             print(f"resume: {out} holds no checkpoint yet; starting from step 0")
         return 0
-    cdir, (step, world) = found
+    cdir, (step, world, stored) = found
+    check_same_stream(cfg, stored, cdir)
     if step > cfg.steps:  # it would only rewrite summary.json, with nothing trained
         raise ValueError(f"resume: {cdir} is at step {step}, past steps={cfg.steps}: resume with steps >= {step}, or "
                          f"choose another out_dir")
@@ -62,10 +63,37 @@ def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) 
     return step
 
 
-def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPack, opt, sched) -> tuple[int, Any]:
-    """Checkpoint cdir into this run: (its step, its world size); a CheckpointError if it is not of this run."""
+# The keys a step's batch is drawn from (with the step): a resumed run replays the stream it started with, so
+# a change of any is refused by name (the data set itself is not compared: data.root may move).
+STREAM_KEYS = ("seed", "data.seed", "data.fresh", "data.device_cache")
+
+
+def check_same_stream(cfg: TrainConfig, stored: dict[str, Any], cdir: Path) -> None:
+    """One ValueError naming each STREAM_KEYS key whose value differs from the one checkpoint cdir trained with
+    (stored: its config.json's "train"); a key it does not hold is not compared."""
+    def get(values: dict, key: str):
+        for part in key.split("."):
+            values = values.get(part, _ABSENT) if isinstance(values, dict) else _ABSENT
+        return values
+    now = to_dict(cfg)
+    def said(v) -> str:  # as written in a config: true, null, 1
+        return json.dumps(v, default=str)
+    changed = [f"{key}={said(get(now, key))} (the run trained with {key}={said(get(stored, key))})" for key in STREAM_KEYS
+               if get(stored, key) is not _ABSENT and get(stored, key) != get(now, key)]
+    if changed:
+        raise ValueError(f"resume: {', '.join(changed)}: a resumed run continues the data stream of {cdir}; set it "
+                         f"back, or train the change in another out_dir")
+
+
+_ABSENT = object()
+
+
+def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPack, opt, sched) -> tuple[int, Any, dict]:
+    """Checkpoint cdir into this run: (its step, its world size, the TrainConfig it stored); a CheckpointError
+    if it is not of this run."""
+    stored = json.loads(blobs[ckpt.CONFIG])
     want = to_dict(mcfg)
-    have = to_dict(stored_model_config(json.loads(blobs[ckpt.CONFIG])["model"]))
+    have = to_dict(stored_model_config(stored["model"]))
     diff = [f"{k} {have.get(k)!r} (the config: {want.get(k)!r})" for k in sorted(set(want) | set(have))
             if k != "backbone_weights" and want.get(k) != have.get(k)]
     if diff:
@@ -76,7 +104,7 @@ def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPa
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
-        return int(state["step"]), state.get("world_size")
+        return int(state["step"]), state.get("world_size"), stored.get("train", {})
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as e:
         raise ckpt.CheckpointError(f"{cdir / ckpt.STATE}: not the training state of this run "
                                    f"({type(e).__name__}: {e})") from None
