@@ -1,38 +1,48 @@
 """The run folder: made ready before anything reads it, restored from on resume, saved into at checkpoints.
 
-    prepare_out_dir(out)                                  # rank 0, before anything else reads out
+    with prepare_out_dir(out):                            # rank 0, before anything else reads out; the run's lock
     start_step = restore(cfg, out, model, opt, sched, d)  # 0 for a new run
     save(out, step, model, opt, sched, cfg, d.world)      # rank 0, a checkpoint of step
 
-Folder: config.yaml, log.csv, eval.csv, summary.json, latest.json + checkpoints/ (depthpack.core.checkpoint).
+Folder: config.yaml, log.csv, eval.csv, summary.json, latest.json + checkpoints/ (depthpack.core.checkpoint),
+train.lock (the PID of the trainer that holds the folder; empty when none does).
 A checkpoint holds the learning rates as floats whatever the live optimizer holds (plain_lr_state), so a
 run may resume with graph=true or graph=false.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from ..core import checkpoint as ckpt
 from ..core.config import ModelConfig, stored_model_config, to_dict
-from ..core.files import check_writable_dir, remove_stale_temporaries
+from ..core.files import check_writable_dir, pid_lock, remove_stale_temporaries
 from ..core.model import DepthPack
 from .config import TrainConfig
 from .distributed import Dist
 
 
-def prepare_out_dir(out: Path) -> None:
-    """Rank 0, before anything reads it: out takes files, and what killed writers left there is gone
-    (temporaries of dead processes, checkpoints that never completed: each said in a warning)."""
+LOCK = "train.lock"  # in the run folder: the PID of the trainer that holds it (core.files.pid_lock)
+
+
+@contextlib.contextmanager
+def prepare_out_dir(out: Path) -> Iterator[None]:
+    """Rank 0, before anything reads it, held for the whole run: out takes files, is this trainer's alone (its
+    LOCK: a second trainer of the folder is refused while this one lives, also one another tool started), and
+    what killed writers left there is gone (temporaries of dead processes, checkpoints that never completed:
+    each said in a warning)."""
     check_writable_dir(out, "out_dir")
-    for folder in (out, *ckpt.list_checkpoints(out)):
-        remove_stale_temporaries(folder)
-    for d in ckpt.remove_incomplete(out):
-        warnings.warn(f"checkpoint {d} never completed (no {ckpt.META}: its write was cut short); removed it")
+    with pid_lock(out / LOCK, f"out_dir {out}"):
+        for folder in (out, *ckpt.list_checkpoints(out)):
+            remove_stale_temporaries(folder)
+        for d in ckpt.remove_incomplete(out):
+            warnings.warn(f"checkpoint {d} never completed (no {ckpt.META}: its write was cut short); removed it")
+        yield
 
 
 def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) -> int:
