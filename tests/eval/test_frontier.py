@@ -27,7 +27,9 @@ def test_costs_follow_the_buffer():
     t64, g64 = packed_cost(cfg, 64)
     assert t8 == cfg.num_prefix + 8 and t64 == cfg.num_prefix + 64 and g8 < g64
     assert dense_cost(cfg) == (t64, pytest.approx(g64))  # 64 slots hold every patch: the dense buffer
-    assert packed_cost(cfg, 100)[1] == pytest.approx(2 * g64)  # two chunks of 64
+    shared = model_config("tiny", glance_stream="shared")
+    assert packed_cost(shared, 100)[1] == pytest.approx(2 * packed_cost(shared, 64)[1])  # two chunks of 64
+    assert packed_cost(cfg, 100)[1] < 2 * g64  # one-way (the default): the prefix runs once for both chunks
 
 
 @pytest.mark.parametrize("runs, match", [
