@@ -522,18 +522,21 @@ def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
 
 
 # ---- CLI ----------------------------------------------------------------------------------------
-def resolve_device(name: str) -> str:
-    """auto | cpu | cuda | cuda:N -> a device this machine has, or one ValueError saying why not."""
+def resolve_device(name: str, what: str = "--device") -> str:
+    """auto | cpu | cuda | cuda:N -> a device this machine has, or one ValueError saying why not (naming the
+    option or key `what`)."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
+        if not isinstance(name, str):
+            raise RuntimeError
         dev = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name!r}: use auto, cpu, cuda or cuda:N") from None
+        raise ValueError(f"{what} {name!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+        raise ValueError(f"{what} {name}: CUDA is not available on this machine")
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name!r}: use auto, cpu, cuda or cuda:N")
+        raise ValueError(f"{what} {name!r}: use auto, cpu, cuda or cuda:N")
     return name
 
 
