@@ -227,6 +227,7 @@ IN_PROCESS = [
     ("train", lambda w: ["--config", str(TINY), f"out_dir={w.p1}", "steps=true"], "steps must be a number"),
     ("train", lambda w: ["--config", str(TINY), f"out_dir={w.p1}", "model=3"], "model must be a mapping"),
     ("train", lambda w: ["--config", str(w.list_yaml)], "must hold a mapping"),
+    ("train", lambda w: ["--config", str(w.tmp)], ": is a folder, not a file"),
     ("train", lambda w: ["--config", str(TINY), f"out_dir={w.p1}", "model.buckets=x"], "buckets[0] must be a number"),
     ("train", lambda w: ["--config", str(TINY), f"out_dir={w.p1}", "device=tpu"], "device must be auto, cpu, cuda"),
     ("eval", lambda w: ["--checkpoint", str(w.nothing)], "does not exist"),

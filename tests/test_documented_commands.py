@@ -11,7 +11,8 @@ Each command is classified by RULES, a short ordered list of patterns, each with
   args  up to argument parsing: a command that needs a CUDA GPU or a Jetson, takes more than about a minute
         on 2 CPU cores, or writes outside the test's folder. Python commands run as written with
         ARGS_HOOK (a sitecustomize): every argparse parser of this repository stops the command right after
-        a successful parse (the train command after its config validation too, load_train_config), so an
+        a successful parse (the train command after its config validation too, load_train_config; the frontier
+        after its plan's, load_plan, which builds each run's training config), so an
         unknown flag, a bad value or a bad config key fails as it would for the user; `--help` could not do
         that (argparse prints help before it looks at unknown flags). Scripts run the same way, so each
         depthpack command inside them is checked. make runs as `make -n`; depthpack_run with `--help`
@@ -53,7 +54,8 @@ RULES = [
     (r"--device\s+cuda", ARGS, "needs a CUDA GPU"),
     (r"/opt/depthpack", ARGS, "a Jetson's export (docs/install.md)"),
     (r"scripts/(gpu_\w+|cpp_frame_loop)\.sh", ARGS, "a GPU run script"),
-    (r"depthpack\.train\s.*configs/(demo|scale|vits_\w+)\.yaml|depthpack\.bench\s.*--preset\s+vits|scripts/demo\.py\s",
+    (r"depthpack\.train\s.*configs/(demo|scale|vits_\w+)\.yaml|depthpack\.bench\s.*--preset\s+vits|scripts/demo\.py\s"
+     r"|depthpack\.eval\.frontier\s.*configs/frontier_(cpu|h200)\.yaml",
      ARGS, "trains or benchmarks a full-size model: minutes to hours on 2 CPU cores"),
     (r"\s/(tmp|data)/|=/(tmp|data)/", ARGS, "writes under /tmp or /data, outside the test's folder"),
     (r"--profile\s", ARGS, "needs a profile measured on a GPU (python scripts/gpu_profile.py)"),
@@ -161,6 +163,8 @@ def test_the_reader_finds_commands_joins_lines_drops_comments_and_classifies():
     assert classify("python -m depthpack.eval --checkpoint runs/demo")[0] == RUN
     assert classify("python -m depthpack.export --checkpoint runs/vits --out o --device cuda") == (ARGS, "needs a CUDA GPU")
     assert classify("python3 -m venv ~/dp && . ~/dp/bin/activate && pip install -U pip")[0] == NOT_RUN
+    assert classify("python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --jobs 2")[0] == ARGS
+    assert classify("python -m depthpack.eval.frontier --plan configs/frontier_tiny.yaml --runs r")[0] == RUN
     kind, why = classify("rm -rf runs")
     assert kind is None and "RULES in tests/test_documented_commands.py" in why
 
@@ -302,6 +306,9 @@ def parse_args(self, args=None, namespace=None):
         if self.prog == "python -m depthpack.train":
             from depthpack.train.config import load_train_config
             load_train_config(ns.config, ns.overrides)
+        if self.prog == "python -m depthpack.eval.frontier":
+            from depthpack.eval.frontier import load_plan
+            load_plan(ns.plan)
     except SystemExit as e:
         _note(prog=self.prog, ok=e.code in (0, None))
         raise

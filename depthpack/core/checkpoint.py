@@ -133,8 +133,17 @@ def list_checkpoints(out_dir: str | Path) -> list[Path]:
     root = Path(out_dir) / CKPT_DIR
     if not root.is_dir():
         return []
-    dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()]
+    dirs = [p for p in root.iterdir() if p.is_dir() and _is_step_name(p.name)]
     return sorted(dirs, key=lambda p: int(p.name[5:]))
+
+
+def _is_step_name(name: str) -> bool:
+    return name.startswith("step_") and name[5:].isdigit()
+
+
+def _in_run(d: Path) -> bool:
+    """d is a checkpoint folder inside a run (RUN/checkpoints/step_N), where meta.json is always written."""
+    return d.parent.name == CKPT_DIR and _is_step_name(d.name)
 
 
 def verify_checkpoint(d: str | Path, names: tuple[str, ...] = (WEIGHTS, STATE, CONFIG)) -> dict[str, bytes]:
@@ -296,13 +305,15 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     it: a file path loads that file. The model is built from the stored ModelConfig (never from a
     backbone file: the trained weights replace it) and loaded strictly: a missing, extra or misshapen
     tensor is an error naming the file. Where meta.json describes the files they are checked against
-    it (size + sha256) first. Nothing is unpickled.
+    it (size + sha256) first; a run's checkpoint folder without meta.json is incomplete (refused, as
+    verify_checkpoint refuses it); weights that no meta.json describes load with one warning saying they
+    cannot be checked. Nothing is unpickled.
     """
     d, weights = checkpoint_files(path)
     if not (d / CONFIG).is_file():
         raise CheckpointError(f"checkpoint {path}: {CONFIG} is missing (the weights {weights.name} load with the "
                               f"{CONFIG} beside them, in {d})")
-    if (d / META).is_file():  # meta.json hashes config.json, and the weights when they are its model.safetensors
+    if (d / META).is_file() or _in_run(d):  # meta.json hashes config.json, and the weights when they are its model.safetensors
         blobs = verify_checkpoint(d, (WEIGHTS, CONFIG) if weights.name == WEIGHTS else (CONFIG,))
     else:  # a bare weights file + config.json (e.g. copied by hand): no hashes to check
         blobs = {CONFIG: (d / CONFIG).read_bytes()}
@@ -310,6 +321,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     stored = parse_config(blobs[CONFIG], d / CONFIG)
     model = DepthPack(stored_model_config({**stored["model"], "backbone_weights": None}))
     load_weights(model, load_weights_bytes(data, weights), weights)
+    if WEIGHTS not in blobs:  # after every refusal: a refusal stays one line
+        warnings.warn(f"{weights}: no {META} describes these weights, so their size and sha256 cannot be checked; "
+                      f"loaded them as they are")
     model.eval()
     if dtype is not None:
         model.to(dtype=dtype)

@@ -253,17 +253,20 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from a file; one ValueError naming the file if it is missing or not a mapping."""
+def load_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """A YAML mapping from a file; one ValueError naming the file (as `what`: config, plan) if it is missing,
+    a folder or not a mapping."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path}: is a folder, not a file")
     if not path.is_file():
-        raise ValueError(f"config {path}: no such file")
+        raise ValueError(f"{what} {path}: no such file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ValueError(f"config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ValueError(f"{what} {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config {path}: a config file must hold a mapping, got {type(data).__name__}")
+        raise ValueError(f"{what} {path}: a {what} file must hold a mapping, got {type(data).__name__}")
     return data
 
 

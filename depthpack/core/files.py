@@ -7,12 +7,14 @@ at most a stray temporary file, which `remove_stale_temporaries` clears.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 _TMP = re.compile(r"^\..+\.tmp(\d+)$")
 
@@ -87,6 +89,37 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def pid_lock(path: str | Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on the file path for the block, the file naming this process's PID. flock: the
+    kernel drops it when the holder dies, however it dies, so only a live holder refuses the next one (one
+    ValueError naming `what` and its PID); a PID a dead holder left is taken over with one warning. A clean end
+    empties the file (nothing to take over)."""
+    import fcntl
+
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        left = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = f"process {left}" if left.isdigit() else "another process"
+            raise ValueError(f"{what} is in use by {holder}, still running (its lock: {path}); wait for it to end, "
+                             f"or end it") from None
+        left = os.pread(fd, 64, 0).decode(errors="replace").strip()  # read again: the file is ours now
+        if left and left != str(os.getpid()):
+            warnings.warn(f"{path}: a lock left by process {left}, which is gone (killed?); taking it over")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 def process_temporary_dir(prefix: str):

@@ -21,7 +21,9 @@ only that is given: the list to evaluate on); with no split file at all the sort
 deterministically, val = the last min(num_val, n // 2) samples, train = the rest; "all" = everything.
 Every file-based kind also accepts split_file: lines "rgb_path depth_path [anything]" relative to
 root (depth_root for the depth path when set); "#" comments, blank lines and depth "None" are skipped.
-For nyu_mat the split file lists 0-based image indices instead, one per line.
+For nyu_mat the split file lists 0-based image indices instead, one per line. A relative split_file or
+val_split_file is itself read from root (root's folder when root is a file, nyu_mat's .mat), not from
+the working folder; an absolute one as written.
 
 Eval crops (eval_crop), defined on the native image and resized with the depth (nearest):
     "eigen_nyu"    rows 45:471, cols 41:601 of 480x640 (as fractions for other sizes)

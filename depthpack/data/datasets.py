@@ -207,13 +207,30 @@ def open_nyu_mat(path):
 
 
 # ----------------------------------------------------------------------------- listing files
-def read_split_file(path, root: Path, depth_root: Path) -> tuple[list[tuple[Path, Path]], list[str]]:
-    """Lines "rgb_path depth_path [anything]"; paths relative to root / depth_root (a leading '/' as in
-    BTS's lists is relative too). '#' comments and blank lines are ignored; depth 'None' (BTS's Eigen
-    test lines without ground truth) is skipped and counted in the log."""
-    path = Path(path)
+def split_file_path(cfg: DataConfig, key: str) -> Path:
+    """The file cfg's split_file or val_split_file (key) names: an absolute path as written; a relative one
+    inside data.root (its folder when root is a file, nyu_mat's .mat), as the list's own lines are. One
+    ValueError naming the key and the path looked at if it is not a file there."""
+    given = Path(getattr(cfg, key))
+    path, base = given, None
+    if not given.is_absolute() and cfg.root:
+        root = Path(cfg.root)
+        base = root.parent if root.is_file() else root
+        path = base / given
+    if path.is_dir():
+        raise ValueError(f"data.{key} {path}: is a folder, not a file")
     if not path.is_file():
-        raise ValueError(f"split_file {path}: no such file")
+        where = f" (a relative data.{key} is read from data.root {base})" if base else ""
+        moved = f"; {given} lies in the working folder: give its absolute path" if base and given.is_file() else ""
+        raise ValueError(f"data.{key} {path}: no such file{where}{moved}")
+    return path
+
+
+def read_split_file(path, root: Path, depth_root: Path) -> tuple[list[tuple[Path, Path]], list[str]]:
+    """Lines "rgb_path depth_path [anything]" of the file at path (split_file_path found it); paths relative to
+    root / depth_root (a leading '/' as in BTS's lists is relative too). '#' comments and blank lines are
+    ignored; depth 'None' (BTS's Eigen test lines without ground truth) is skipped and counted in the log."""
+    path = Path(path)
     pairs, names, no_gt = [], [], 0
     for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -275,7 +292,7 @@ def list_pairs(cfg) -> tuple[list[tuple[Path, Path]], list[str]]:
     if not root.exists():
         raise ValueError(f"data root {root}: no such folder")
     if cfg.split_file:
-        return read_split_file(cfg.split_file, root, Path(cfg.depth_root or cfg.root))
+        return read_split_file(split_file_path(cfg, "split_file"), root, Path(cfg.depth_root or cfg.root))
     if cfg.kind == "nyu":
         return list_nyu_folder(root)
     if not (root / "rgb").is_dir() and not (cfg.kind == "kitti" and (root / "image").is_dir()):
@@ -305,7 +322,8 @@ def make_dataset(cfg: DataConfig, split: str, img_size: tuple[int, int], min_dep
         ds = BagDataset(cfg, split, img_size, min_depth, max_depth)
         ds.check_nonempty()
         return ds
-    listfile = (cfg.val_split_file or cfg.split_file) if split == "val" else cfg.split_file
+    key = "val_split_file" if split == "val" and cfg.val_split_file else "split_file"
+    listfile = split_file_path(cfg, key) if getattr(cfg, key) else None
     if cfg.kind == "nyu_mat":
         with open_nyu_mat(cfg.root) as f:
             n = int(f["images"].shape[0])
@@ -329,10 +347,9 @@ def _without_split(cfg: DataConfig) -> DataConfig:
 
 
 def read_indices(path, n: int) -> list[int]:
-    """0-based image indices, one per line ('#' comments allowed); each must be < n."""
+    """0-based image indices, one per line ('#' comments allowed), of the file at path (split_file_path found
+    it); each must be < n."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"split_file {path}: no such file")
     out = []
     for k, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()

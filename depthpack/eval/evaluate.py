@@ -459,7 +459,7 @@ def extra_markdown(result: dict[str, Any]) -> str:
 
 def curve_figure(result: dict[str, Any], path: str | Path) -> Path:
     """AbsRel against the share of patches selected: packed (anchors on, off) and dense on the same points."""
-    from .viz import _plt
+    from .viz import _plt, save_figure
 
     plt = _plt()
     shares = {e["queries"]: e["buffer_share"] for e in result["shares"]}
@@ -494,13 +494,13 @@ def curve_figure(result: dict[str, Any], path: str | Path) -> Path:
     ax.set_xticks(ticks, [f"{t:g}%" for t in ticks])
     ax.minorticks_off()
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[1]:  # no point set with rows (say, no image has a depth-edge band): no legend
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no rows to plot", transform=ax.transAxes, ha="center", va="center", color="gray")
     ax.set_title(f"packed vs dense: {result['images']} held-out images", fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def _points_words(edge_frac: float) -> str:
@@ -532,18 +532,21 @@ def figure(model, dataset, s: EvalSettings, out: str | Path) -> list[Path]:
 
 
 # ---- CLI ----------------------------------------------------------------------------------------
-def resolve_device(name: str) -> str:
-    """auto | cpu | cuda | cuda:N -> a device this machine has, or one ValueError saying why not."""
+def resolve_device(name: str, what: str = "--device") -> str:
+    """auto | cpu | cuda | cuda:N -> a device this machine has, or one ValueError saying why not (naming the
+    option or key `what`)."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
+        if not isinstance(name, str):
+            raise RuntimeError
         dev = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name!r}: use auto, cpu, cuda or cuda:N") from None
+        raise ValueError(f"{what} {name!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+        raise ValueError(f"{what} {name}: CUDA is not available on this machine")
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name!r}: use auto, cpu, cuda or cuda:N")
+        raise ValueError(f"{what} {name!r}: use auto, cpu, cuda or cuda:N")
     return name
 
 

@@ -6,33 +6,43 @@ small objects of synthetic scenes), all trained the same way.
     python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --no-train        # finished runs only
 
 A plan (YAML) names the runs: each a training config (`base`), the overrides every run shares
-(`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). Runs whose
-folder holds a finished summary.json are read, not trained again; the rest train as subprocesses,
---jobs at a time. Every run is evaluated on the same held-out scenes at the plan's `image` size (a
-model of another size sees them resized, its points scaled), at the same query points, with the same
-depth-edge band (`band_radius` pixels of that image). Rows go to --out (docs/results/frontier.json
-by default): {name, path, image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps,
-scenes, seed, device, torch, commit, patches, default}; the figure to --figure.
+(`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). The whole plan is
+checked before anything trains: every key's type, every run's name (its folder under --runs, one a run)
+and its merged training config. Runs whose folder holds a finished summary.json are read, not trained
+again; the rest train as subprocesses, --jobs at a time, each dying with this command (a trainer holds its
+folder's train.lock, so a folder another live trainer holds is refused). Every run is evaluated on the same
+held-out scenes at the plan's `image` size (a model of another size sees them resized, its points scaled),
+at the same query points, with the same depth-edge band (`band_radius` pixels of that image) and, for synthetic
+scenes, the thin band. A run that fails is one line naming its log; the others go on, and the command then exits
+1 saying which failed. Rows go to --out (docs/results/frontier.json by default): {name, path, image, q, tokens,
+encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps, scenes, seed, device, torch, commit, patches,
+default}; the rows of runs evaluated now replace theirs, the rows of every other run are kept; the figure goes to
+--figure.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..core import cli
-from ..core.config import ModelConfig, load_yaml
-from ..core.files import atomic_write_json
+from ..core.config import ModelConfig, load_yaml, parse_overrides
+from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..core.packing import chunk_plan
 
 PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "max_images", "device", "runs"}
 RUN_KEYS = {"name", "path", "overrides", "default"}
+OWN_KEYS = ("out_dir", "resume")  # the frontier sets these for each run: a plan that sets them is refused
 
 
 def encoder_gflop(cfg: ModelConfig, rows: int, pairs: int, embedded: int) -> float:
@@ -70,21 +80,105 @@ def dense_cost(cfg: ModelConfig) -> tuple[int, float]:
 
 # ---- the plan -----------------------------------------------------------------------------------
 def load_plan(path: str | Path) -> dict[str, Any]:
-    """A plan file, checked: every key known, every run named once, packed or dense."""
-    plan = load_yaml(path)
+    """A plan file, checked whole before anything trains: every key known and of its type, every run a
+    mapping with a name of its own (and a folder of its own: names that slug alike are refused), packed or
+    dense, and its merged training config built (a bad override fails here, not after hours). One ValueError
+    naming the plan and every problem."""
+    plan = load_yaml(path, "plan")
     unknown = set(plan) - PLAN_KEYS
     if unknown:
         raise ValueError(f"plan {path}: unknown key(s) {sorted(unknown)}; known: {sorted(PLAN_KEYS)}")
     for key in ("base", "image", "runs"):
         if key not in plan:
             raise ValueError(f"plan {path}: needs {key!r}")
-    names = [r.get("name") for r in plan["runs"]]
-    if len(set(names)) != len(names) or not all(names):
-        raise ValueError(f"plan {path}: every run needs a name of its own, got {names}")
-    for r in plan["runs"]:
-        if set(r) - RUN_KEYS or r.get("path") not in ("packed", "dense"):
-            raise ValueError(f"plan {path}: run {r.get('name')!r} must have path packed or dense and only {sorted(RUN_KEYS)}")
+    problems = _plan_problems(plan)
+    if not problems:  # the runs are a list of mappings
+        problems = _run_problems(plan["runs"])
+    if not problems:  # every name and override well formed: build each run's config
+        problems = [p for r in plan["runs"] for p in _config_problems(plan, r)]
+    if problems:
+        raise ValueError(f"plan {path}: " + "; ".join(problems))
     return plan
+
+
+def _count(v: Any, lo: int) -> bool:
+    """v is a whole number >= lo (a YAML true is not a number)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _texts(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _plan_problems(plan: dict) -> list[str]:
+    """The plan's own keys, each of its type."""
+    from ..train.config import DEVICE_NAME
+
+    problems = []
+    if not (isinstance(plan["base"], str) and plan["base"].strip()):
+        problems.append(f"base must be a training config's path, got {plan['base']!r}")
+    else:
+        try:
+            load_yaml(plan["base"], "base config")
+        except ValueError as e:
+            problems.append(str(e))
+    if not _texts(plan.get("common", [])):
+        problems.append(f"common must be a list of key=value strings, got {plan['common']!r}")
+    if not (isinstance(plan["image"], list) and len(plan["image"]) == 2 and all(_count(v, 1) for v in plan["image"])):
+        problems.append(f"image must be [height, width], two positive whole numbers of pixels, got {plan['image']!r}")
+    queries = plan.get("queries", [16])
+    if not (isinstance(queries, list) and queries and all(_count(q, 1) for q in queries)):
+        problems.append(f"queries must be a list of positive whole numbers, got {queries!r}")
+    if plan.get("band_radius") is not None and not (_count(plan["band_radius"], 0) and plan["band_radius"] <= 4096):
+        problems.append(f"band_radius must be a whole number of pixels in [0, 4096] or null, got {plan['band_radius']!r}")
+    if plan.get("max_images") is not None and not _count(plan["max_images"], 1):
+        problems.append(f"max_images must be a positive whole number or null, got {plan['max_images']!r}")
+    device = plan.get("device", "auto")
+    if not (isinstance(device, str) and DEVICE_NAME.fullmatch(device)):  # whether this machine has it: main
+        problems.append(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    runs = plan["runs"]
+    if not (isinstance(runs, list) and runs and all(isinstance(r, dict) for r in runs)):
+        problems.append(f"runs must be a non-empty list of mappings ({', '.join(sorted(RUN_KEYS))}), got {runs!r:.200}")
+    return problems
+
+
+def _run_problems(runs: list[dict]) -> list[str]:
+    """Each run: a name of its own that makes a folder of its own, its path, its overrides, only RUN_KEYS."""
+    problems, folders = [], {}
+    for i, r in enumerate(runs, 1):
+        name = r.get("name")
+        if not (isinstance(name, str) and name.strip()):
+            problems.append(f"run {i}: its name must be text, got {name!r}")
+            continue
+        folder = slug(name)
+        if not folder:
+            problems.append(f"run {name!r}: its name has no letter or digit, so it names no folder")
+        elif folder in folders:
+            why = "twice" if folders[folder] == name else f"and {folders[folder]!r} share the folder {folder}"
+            problems.append(f"run {name!r} {why}: every run needs a name of its own")
+        folders.setdefault(folder, name)
+        if set(r) - RUN_KEYS or r.get("path") not in ("packed", "dense"):
+            problems.append(f"run {name!r} must have path packed or dense and only {sorted(RUN_KEYS)}")
+        if not _texts(r.get("overrides", [])):
+            problems.append(f"run {name!r}: overrides must be a list of key=value strings, got {r['overrides']!r}")
+        if not isinstance(r.get("default", False), bool):
+            problems.append(f"run {name!r}: default must be true or false, got {r['default']!r}")
+    return problems
+
+
+def _config_problems(plan: dict, run: dict) -> list[str]:
+    """The run's merged training config builds (depthpack.train's loader), and leaves OWN_KEYS to the frontier."""
+    from ..train.config import load_train_config
+
+    given = [*plan.get("common", []), *run.get("overrides", [])]
+    try:
+        own = [k for k in OWN_KEYS if k in parse_overrides(given)]
+        if own:
+            return [f"run {run['name']!r}: {', '.join(own)} are the frontier's (each run trains in --runs/its name)"]
+        load_train_config(plan["base"], run_overrides(plan, run, Path(slug(run["name"]))))
+    except ValueError as e:
+        return [f"run {run['name']!r}: {cli.one_line(e)}"]
+    return []
 
 
 def slug(name: str) -> str:
@@ -95,43 +189,132 @@ def run_dir(runs: Path, run: dict) -> Path:
     return runs / slug(run["name"])
 
 
+def run_overrides(plan: dict, run: dict, folder: Path) -> list[str]:
+    """The overrides a run trains with, on its plan's base config: common, its own, its folder."""
+    return [*plan.get("common", []), *run.get("overrides", []), f"out_dir={folder}", "progress=false"]
+
+
 def finished(folder: Path) -> dict | None:
     """The run's summary.json if it trained to its last step, else None."""
     try:
         s = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return s if s.get("step") == s.get("steps") and "stopped_early" not in s else None
+    return s if isinstance(s, dict) and s.get("step") == s.get("steps") and "stopped_early" not in s else None
 
 
-def call(cmd: list[str], log: Path, what: str) -> None:
-    """Run a command with its output appended to log; one error naming the log if it fails."""
+# ---- the subprocesses: trainers and evaluators that die with the frontier -------------------------
+class RunFailed(Exception):
+    """A run's training or evaluation failed; the message names its log."""
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """What a child runs between fork and exec: the kernel kills it (SIGKILL) when the thread that started it
+    dies, however the frontier dies (SIGKILL too); a parent gone before that is an exit. None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    parent = os.getpid()
+
+    def child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+    return child
+
+
+class Children:
+    """The subprocesses of this frontier, each in its own process group (what it starts goes with it), and
+    each killed with the frontier (_die_with_parent). stop() kills every live group and starts none after."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # also serializes the forks: one child between fork and exec at a time
+        self.live: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def call(self, cmd: list[str], log) -> int:
+        """cmd's exit code, its output into the open file log."""
+        with self.lock:
+            if self.stopping:
+                raise RunFailed("stopped before it started")
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=_die_with_parent())
+            self.live.add(p)
+        try:
+            return p.wait()
+        finally:
+            with self.lock:
+                self.live.discard(p)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for p in self.live:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # the group: the trainer and any worker it started
+                except ProcessLookupError:
+                    pass
+
+
+def _terminated(signum: int, frame) -> None:
+    print("frontier: terminated; stopping its trainers and evaluators", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)  # the exit code of an uncaught SIGTERM, through the finally that stops the children
+
+
+# ---- one run: trained, evaluated, its rows --------------------------------------------------------
+def call(children: Children, cmd: list[str], log: Path, what: str) -> None:
+    """Run a command with its output appended to log; RunFailed naming the log and its last line if it fails."""
     with open(log, "a") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        rc = children.call(cmd, f)
     if rc:
-        raise RuntimeError(f"{what} failed (exit {rc}); its log: {log}")
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        last = f": {lines[-1][:300]}" if lines and lines[-1] != " ".join(cmd) else ""
+        raise RunFailed(f"{what} failed (exit {rc}){last}; its log: {log}")
 
 
-def train_run(plan: dict, run: dict, folder: Path, log: Path) -> None:
-    call([sys.executable, "-m", "depthpack.train", "--config", plan["base"], *plan.get("common", []),
-          *run.get("overrides", []), f"out_dir={folder}", "progress=false",
-          *(["resume=true"] if (folder / "latest.json").is_file() else [])], log, f"training {run['name']!r}")
+def train_run(children: Children, plan: dict, run: dict, folder: Path, log: Path) -> None:
+    call(children, [sys.executable, "-m", "depthpack.train", "--config", plan["base"], *run_overrides(plan, run, folder),
+                    *(["resume=true"] if (folder / "latest.json").is_file() else [])], log, f"training {run['name']!r}")
 
 
-def eval_run(plan: dict, run: dict, folder: Path, log: Path) -> dict:
+def _cached_eval(out: Path, key: str) -> dict | None:
+    """out/eval.json when it was made for this plan's key and reads as an evaluation; garbage: one warning
+    naming the file, and None (evaluated again)."""
+    done = out / "eval.json"
+    try:
+        if not (done.is_file() and (out / "plan.json").read_text() == key):
+            return None
+    except OSError:  # no plan.json: made by hand, or cut short
+        return None
+    try:
+        result = json.loads(done.read_text())
+        if not all(isinstance(r["abs_rel"], (int, float)) and r["path"] and r["queries"] for r in result["bands"]["uniform"]["rows"]):
+            raise ValueError("a row without its path, queries or abs_rel")
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        warnings.warn(f"{done}: not an evaluation ({type(e).__name__}: {cli.one_line(e)[:200]}); evaluating it again")
+        return None
+    return result
+
+
+def eval_run(children: Children, plan: dict, run: dict, folder: Path, cfg: ModelConfig, log: Path) -> dict:
     """eval.json of the run on the plan's images, points and band (evaluated once, then read)."""
     out = folder / "frontier_eval"
     points = "all" if _data_kind(folder) == "synthetic" else "both"  # the thin band: synthetic scenes carry it
     key = json.dumps({**{k: plan.get(k) for k in ("image", "queries", "band_radius", "max_images")}, "points": points},
                      sort_keys=True)
-    done = out / "eval.json"
-    if done.is_file() and (out / "plan.json").is_file() and (out / "plan.json").read_text() == key:
-        return json.loads(done.read_text())
+    cached = _cached_eval(out, key)
+    if cached is not None:
+        return cached
     h, w = plan["image"]
     paths = ["packed", "dense", "glance"] if run["path"] == "packed" else ["dense"]
-    if run["path"] == "packed" and not _model_cfg(folder).glance_depth:
+    if run["path"] == "packed" and not cfg.glance_depth:
         paths.remove("glance")
     cmd = [sys.executable, "-m", "depthpack.eval", "--checkpoint", str(folder), "--out", str(out), "--queries",
            *[str(q) for q in plan.get("queries", [16, 64, 256])], "--points", points, "--anchors", "on",
@@ -141,9 +324,9 @@ def eval_run(plan: dict, run: dict, folder: Path, log: Path) -> dict:
         cmd += ["--band-radius", str(plan["band_radius"])]
     if plan.get("max_images"):
         cmd += ["--max-images", str(plan["max_images"])]
-    call(cmd, log, f"evaluating {run['name']!r}")
-    (out / "plan.json").write_text(key)
-    return json.loads(done.read_text())
+    call(children, cmd, log, f"evaluating {run['name']!r}")
+    atomic_write_text(out / "plan.json", key)
+    return json.loads((out / "eval.json").read_text())
 
 
 def _data_kind(folder: Path) -> str:
@@ -152,19 +335,38 @@ def _data_kind(folder: Path) -> str:
     return stored_config(folder).get("train", {}).get("data", {}).get("kind", "synthetic")
 
 
-def _model_cfg(folder: Path) -> ModelConfig:
-    from ..core.checkpoint import stored_config
+def one_run(children: Children, plan: dict, run: dict, runs_dir: Path, no_train: bool) -> list[dict] | None:
+    """The rows of one run, trained first unless finished; None when --no-train leaves it out. RunFailed or a
+    ValueError (a finished run without a checkpoint, say) when it fails."""
+    from ..core.checkpoint import CheckpointError, stored_config
+
+    folder = run_dir(runs_dir, run)
+    log = runs_dir / f"{slug(run['name'])}.log"
+    t0 = time.perf_counter()
+    if finished(folder) is None:
+        if no_train:
+            print(f"frontier: {run['name']}: not finished, left out (--no-train)", flush=True)
+            return None
+        train_run(children, plan, run, folder, log)
+        if finished(folder) is None:  # max_time_s, say: never evaluated (and cached) before its last step
+            raise RunFailed(f"training {run['name']!r} ended before its last step (its summary.json); the next "
+                            f"frontier resumes it; its log: {log}")
+    try:
+        stored = stored_config(folder)
+    except CheckpointError as e:  # a finished run whose checkpoints were deleted, say
+        raise RunFailed(f"{folder} is finished (summary.json) but holds no checkpoint to evaluate "
+                        f"({cli.one_line(e)[:300]})") from None
     from ..core.config import stored_model_config
 
-    return stored_model_config(stored_config(folder)["model"])
+    cfg = stored_model_config(stored["model"])
+    result = eval_run(children, plan, run, folder, cfg, log)
+    print(f"frontier: {run['name']}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return rows_of(plan, run, cfg, stored, result, finished(folder) or {})
 
 
-def rows_of(plan: dict, run: dict, folder: Path, result: dict, summary: dict) -> list[dict]:
-    """The frontier rows of one evaluated run: per path it was evaluated on, per Q."""
-    from ..core.checkpoint import stored_config
-
-    cfg = _model_cfg(folder)
-    stored = stored_config(folder)
+def rows_of(plan: dict, run: dict, cfg: ModelConfig, stored: dict, result: dict, summary: dict) -> list[dict]:
+    """The frontier rows of one evaluated run (cfg, stored: its model and stored config): per path it was
+    evaluated on, per Q."""
     train = stored.get("train", {})
     bands = result["bands"]
     h, w = plan["image"]
@@ -190,7 +392,7 @@ def rows_of(plan: dict, run: dict, folder: Path, result: dict, summary: dict) ->
 def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
     """AbsRel against encoder GFLOP, uniform points, the edge band and (where rows have it) the thin band side by
     side: each packed model's Q sweep as a line, each model's own dense path and the dense-trained models as points."""
-    from .viz import _plt
+    from .viz import _plt, save_figure
 
     plt = _plt()
     bands = [("absrel_uniform", "uniform points"), ("absrel_edge", "depth-edge band")]
@@ -244,15 +446,11 @@ def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
     fig.tight_layout(rect=(0, 0.04 + 0.022 * ((len(labels) + 1) // 2), 1, 0.96))
     if title:
         fig.suptitle(title, fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 # ---- the command --------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = cli.Parser(prog="python -m depthpack.eval.frontier", description=__doc__.split("\n\n")[0], name="frontier",
                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", required=True, help="the plan: a YAML file (see above)")
@@ -265,35 +463,106 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     if a.jobs < 1:
         ap.error(f"--jobs {a.jobs}: must be >= 1")
+    return a
+
+
+def check_outputs(a: argparse.Namespace) -> Path:
+    """--out and --figure files in folders that take them, --runs a folder: refused before anything trains
+    (each one line); the runs folder."""
+    for flag, path, kind in (("--out", Path(a.out), "JSON"), ("--figure", Path(a.figure), "PNG")):
+        if path.is_dir():
+            raise ValueError(f"{flag} {path} is a folder: give the {kind} file's name")
+        check_writable_dir(path.parent, f"{flag}'s folder")
+    return check_writable_dir(a.runs, "--runs")
+
+
+def old_rows(out: Path, plan: dict) -> list[dict]:
+    """The rows --out holds (none when it does not exist), to keep those of runs not evaluated now; one
+    ValueError when it is not a rows file, or its rows were evaluated on other images or another band."""
+    if not out.exists():
+        return []
+    try:
+        doc = json.loads(out.read_text())
+        rows = doc["rows"]
+        if not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
+            raise ValueError("a row without a name")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--out {out}: not a frontier rows file ({type(e).__name__}: {cli.one_line(e)[:200]}), and "
+                         f"its rows would be lost: move it away or give another --out") from None
+    for key in ("image", "band_radius"):
+        if doc.get(key) != plan.get(key):
+            raise ValueError(f"--out {out} holds rows evaluated with {key} {doc.get(key)!r}, this plan's {key} is "
+                             f"{plan.get(key)!r}: they would not compare; give another --out")
+    return rows
+
+
+def merge_rows(plan: dict, old: list[dict], new: dict[str, list[dict]]) -> list[dict]:
+    """The rows of each run evaluated now (new, by name) replace its old ones; every other old row stays. In the
+    plan's order, then the old rows of runs the plan no longer names."""
+    kept: dict[str, list[dict]] = {}
+    for r in old:
+        kept.setdefault(r["name"], []).append(r)
+    names = [r["name"] for r in plan["runs"]]
+    return [r for name in names + [n for n in kept if n not in names] for r in new.get(name, kept.get(name, []))]
+
+
+def run_plan(plan: dict, todo: list[dict], runs_dir: Path, a: argparse.Namespace) -> tuple[dict, list[str]]:
+    """Every run of todo, --jobs at a time: the rows of those evaluated now (by name) and the names of those
+    that failed (each said in one line as it fails). SIGTERM, Ctrl-C or an error stops every trainer and
+    evaluator, and starts none after."""
+    children, failed = Children(), set()
+
+    def attempt(run: dict) -> list[dict] | None:
+        try:
+            return one_run(children, plan, run, runs_dir, a.no_train)
+        except (RunFailed, ValueError, OSError) as e:
+            if not children.stopping:  # stopped: killed on purpose, said by the command
+                failed.add(run["name"])
+                print(f"frontier: run {run['name']!r} failed: {cli.one_line(e)}", file=sys.stderr, flush=True)
+            return None
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    pool = ThreadPoolExecutor(a.jobs)
+    try:
+        results = [f.result() for f in [pool.submit(attempt, r) for r in todo]]
+    finally:
+        children.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)
+    new = {r["name"]: rows for r, rows in zip(todo, results) if rows is not None}
+    return new, [r["name"] for r in todo if r["name"] in failed]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """The rows document written to --out; a ValueError (one line) when a run failed, after the others' rows
+    are written, or when nothing was evaluated (--out then left as it was)."""
+    a = parse_args(argv)
     plan = load_plan(a.plan)
-    runs_dir = Path(a.runs)
-    runs_dir.mkdir(parents=True, exist_ok=True)
     todo = [r for r in plan["runs"] if a.only is None or r["name"] in a.only]
     if a.only and len(todo) != len(a.only):
         raise ValueError(f"--only: {sorted(set(a.only) - {r['name'] for r in todo})} are not runs of {a.plan}")
+    from .evaluate import resolve_device
 
-    def one(run: dict) -> list[dict]:
-        folder = run_dir(runs_dir, run)
-        log = runs_dir / f"{slug(run['name'])}.log"
-        t0 = time.perf_counter()
-        if finished(folder) is None:
-            if a.no_train:
-                print(f"frontier: {run['name']}: not finished, left out (--no-train)", flush=True)
-                return []
-            train_run(plan, run, folder, log)
-        result = eval_run(plan, run, folder, log)
-        print(f"frontier: {run['name']}: done in {time.perf_counter() - t0:.0f} s", flush=True)
-        return rows_of(plan, run, folder, result, finished(folder) or {})
-    with ThreadPoolExecutor(a.jobs) as pool:
-        rows = [r for rs in pool.map(one, todo) for r in rs]
-    old = json.loads(Path(a.out).read_text()).get("rows", []) if a.only and Path(a.out).is_file() else []
-    rows = [r for r in old if r["name"] not in {t["name"] for t in todo}] + rows
+    resolve_device(plan.get("device", "auto"), f"plan {a.plan}: device")  # the runs are evaluated here
+    runs_dir = check_outputs(a)
+    old = old_rows(Path(a.out), plan)
+    new, failed = run_plan(plan, todo, runs_dir, a)
+    said = f"{len(failed)} of {len(todo)} runs failed ({', '.join(map(repr, failed))}; each said above with its log)"
+    if not new:
+        why = said if failed else f"none of the {len(todo)} runs is finished and --no-train trains none"
+        raise ValueError(f"nothing to write: {why}; {a.out} left as it was")
+    rows = merge_rows(plan, old, new)
     doc = {"plan": str(a.plan), "image": plan["image"], "band_radius": plan.get("band_radius"),
            "hardware": ", ".join(sorted({str(r["device"]) for r in rows})) or platform.machine(), "rows": rows}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(a.out, doc, sort_keys=False)
-    fig = figure(rows, a.figure, f"{Path(a.plan).stem}: AbsRel on {len(rows) and rows[0]['eval_image']} held-out images")
+    try:
+        fig = figure(rows, a.figure, f"{Path(a.plan).stem}: AbsRel on {rows[0].get('eval_image')} held-out images")
+    except OSError as e:  # a full disk, say: the PNG is written atomically, so none is left half written
+        raise ValueError(f"--figure {a.figure}: cannot be written ({e.strerror or e}); the rows are in {a.out}") from None
     print(f"frontier: {len(rows)} rows in {a.out}; {fig}")
+    if failed:
+        raise ValueError(f"{said}; the rows of the others are in {a.out}")
     return doc
 
 

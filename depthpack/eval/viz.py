@@ -11,6 +11,23 @@ import numpy as np
 import torch
 
 
+def save_figure(fig, path: str | Path, **savefig: Any) -> Path:
+    """fig as a PNG at path, written atomically (depthpack.core.files: a full disk or a kill leaves the old
+    file or none, never a 0-byte or half PNG), then closed."""
+    import io
+
+    from ..core.files import atomic_write_bytes
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", **savefig)
+    finally:
+        _plt().close(fig)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
 def _plt():
     import matplotlib
 

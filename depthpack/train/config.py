@@ -121,7 +121,7 @@ class TrainConfig:
     def _name_problems(self) -> list[str]:
         problems = [f"{name} must be a non-empty string, got {getattr(self, name)!r}"
                     for name in ("preset", "out_dir", "device") if not getattr(self, name).strip()]
-        if self.device.strip() and not _DEVICE.fullmatch(self.device):
+        if self.device.strip() and not DEVICE_NAME.fullmatch(self.device):
             problems.append(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         return problems
 
@@ -248,7 +248,7 @@ def refuse_moved_query_keys(values: dict[str, Any], where: str) -> None:
                      f"(in a YAML file: queries: {{{', '.join(f'{k}: {v}' for k, v in flow.items())}}})")
 
 
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")  # what a device option or key may say
 
 
 def draw_bucket(cfg: TrainConfig, buckets: tuple[int, ...], q: int, step: int) -> int:

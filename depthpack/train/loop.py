@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -47,13 +48,14 @@ def train(cfg: TrainConfig, hook: Callable[[int, dict[str, Any]], None] | None =
         torch.set_num_threads(cfg.threads)
     d = setup_distributed(cfg.device)
     try:
-        return _train(cfg, d, hook)
+        with ExitStack() as held:  # rank 0's hold on the run folder (its lock), until the run ends
+            return _train(cfg, d, hook, held)
     finally:
         d.close()
 
 
-def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
-    out, model, opt, sched, start_step = start(cfg, d)
+def _train(cfg: TrainConfig, d: Dist, hook, held: ExitStack) -> dict[str, Any]:
+    out, model, opt, sched, start_step = start(cfg, d, held)
     t_data = time.perf_counter()
     batches, scenes = open_batches(cfg, d, start_step)
     data_setup_s = round(time.perf_counter() - t_data, 2)
@@ -107,13 +109,13 @@ def _train(cfg: TrainConfig, d: Dist, hook) -> dict[str, Any]:
     return summary
 
 
-def start(cfg: TrainConfig, d: Dist) -> tuple[Path, DepthPack, torch.optim.Optimizer, Any, int]:
-    """The run folder ready (config.yaml written), the model, its optimizer and schedule, and the step
-    they start from (restore); every refusal comes before anything is written."""
+def start(cfg: TrainConfig, d: Dist, held: ExitStack) -> tuple[Path, DepthPack, torch.optim.Optimizer, Any, int]:
+    """The run folder ready (held: its lock, on rank 0; config.yaml written), the model, its optimizer and
+    schedule, and the step they start from (restore); every refusal comes before anything is written."""
     out = Path(cfg.out_dir)
     check_graph_config(cfg, device=d.device, world=d.world)
     if d.main:
-        prepare_out_dir(out)
+        held.enter_context(prepare_out_dir(out))
     d.barrier()  # every rank reads the folder rank 0 prepared
     model = build_model(cfg, d.device)
     opt = make_optimizer(model, cfg)

@@ -1,38 +1,48 @@
 """The run folder: made ready before anything reads it, restored from on resume, saved into at checkpoints.
 
-    prepare_out_dir(out)                                  # rank 0, before anything else reads out
+    with prepare_out_dir(out):                            # rank 0, before anything else reads out; the run's lock
     start_step = restore(cfg, out, model, opt, sched, d)  # 0 for a new run
     save(out, step, model, opt, sched, cfg, d.world)      # rank 0, a checkpoint of step
 
-Folder: config.yaml, log.csv, eval.csv, summary.json, latest.json + checkpoints/ (depthpack.core.checkpoint).
+Folder: config.yaml, log.csv, eval.csv, summary.json, latest.json + checkpoints/ (depthpack.core.checkpoint),
+train.lock (the PID of the trainer that holds the folder; empty when none does).
 A checkpoint holds the learning rates as floats whatever the live optimizer holds (plain_lr_state), so a
 run may resume with graph=true or graph=false.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from ..core import checkpoint as ckpt
 from ..core.config import ModelConfig, stored_model_config, to_dict
-from ..core.files import check_writable_dir, remove_stale_temporaries
+from ..core.files import check_writable_dir, pid_lock, remove_stale_temporaries
 from ..core.model import DepthPack
 from .config import TrainConfig
 from .distributed import Dist
 
 
-def prepare_out_dir(out: Path) -> None:
-    """Rank 0, before anything reads it: out takes files, and what killed writers left there is gone
-    (temporaries of dead processes, checkpoints that never completed: each said in a warning)."""
+LOCK = "train.lock"  # in the run folder: the PID of the trainer that holds it (core.files.pid_lock)
+
+
+@contextlib.contextmanager
+def prepare_out_dir(out: Path) -> Iterator[None]:
+    """Rank 0, before anything reads it, held for the whole run: out takes files, is this trainer's alone (its
+    LOCK: a second trainer of the folder is refused while this one lives, also one another tool started), and
+    what killed writers left there is gone (temporaries of dead processes, checkpoints that never completed:
+    each said in a warning)."""
     check_writable_dir(out, "out_dir")
-    for folder in (out, *ckpt.list_checkpoints(out)):
-        remove_stale_temporaries(folder)
-    for d in ckpt.remove_incomplete(out):
-        warnings.warn(f"checkpoint {d} never completed (no {ckpt.META}: its write was cut short); removed it")
+    with pid_lock(out / LOCK, f"out_dir {out}"):
+        for folder in (out, *ckpt.list_checkpoints(out)):
+            remove_stale_temporaries(folder)
+        for d in ckpt.remove_incomplete(out):
+            warnings.warn(f"checkpoint {d} never completed (no {ckpt.META}: its write was cut short); removed it")
+        yield
 
 
 def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) -> int:
@@ -51,7 +61,8 @@ def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) 
         if d.main:
             print(f"resume: {out} holds no checkpoint yet; starting from step 0")
         return 0
-    cdir, (step, world) = found
+    cdir, (step, world, stored) = found
+    check_same_stream(cfg, stored, cdir)
     if step > cfg.steps:  # it would only rewrite summary.json, with nothing trained
         raise ValueError(f"resume: {cdir} is at step {step}, past steps={cfg.steps}: resume with steps >= {step}, or "
                          f"choose another out_dir")
@@ -62,10 +73,37 @@ def restore(cfg: TrainConfig, out: Path, model: DepthPack, opt, sched, d: Dist) 
     return step
 
 
-def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPack, opt, sched) -> tuple[int, Any]:
-    """Checkpoint cdir into this run: (its step, its world size); a CheckpointError if it is not of this run."""
+# The keys a step's batch is drawn from (with the step): a resumed run replays the stream it started with, so
+# a change of any is refused by name (the data set itself is not compared: data.root may move).
+STREAM_KEYS = ("seed", "data.seed", "data.fresh", "data.device_cache")
+
+
+def check_same_stream(cfg: TrainConfig, stored: dict[str, Any], cdir: Path) -> None:
+    """One ValueError naming each STREAM_KEYS key whose value differs from the one checkpoint cdir trained with
+    (stored: its config.json's "train"); a key it does not hold is not compared."""
+    def get(values: dict, key: str):
+        for part in key.split("."):
+            values = values.get(part, _ABSENT) if isinstance(values, dict) else _ABSENT
+        return values
+    now = to_dict(cfg)
+    def said(v) -> str:  # as written in a config: true, null, 1
+        return json.dumps(v, default=str)
+    changed = [f"{key}={said(get(now, key))} (the run trained with {key}={said(get(stored, key))})" for key in STREAM_KEYS
+               if get(stored, key) is not _ABSENT and get(stored, key) != get(now, key)]
+    if changed:
+        raise ValueError(f"resume: {', '.join(changed)}: a resumed run continues the data stream of {cdir}; set it "
+                         f"back, or train the change in another out_dir")
+
+
+_ABSENT = object()
+
+
+def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPack, opt, sched) -> tuple[int, Any, dict]:
+    """Checkpoint cdir into this run: (its step, its world size, the TrainConfig it stored); a CheckpointError
+    if it is not of this run."""
+    stored = json.loads(blobs[ckpt.CONFIG])
     want = to_dict(mcfg)
-    have = to_dict(stored_model_config(json.loads(blobs[ckpt.CONFIG])["model"]))
+    have = to_dict(stored_model_config(stored["model"]))
     diff = [f"{k} {have.get(k)!r} (the config: {want.get(k)!r})" for k in sorted(set(want) | set(have))
             if k != "backbone_weights" and want.get(k) != have.get(k)]
     if diff:
@@ -76,7 +114,7 @@ def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPa
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
-        return int(state["step"]), state.get("world_size")
+        return int(state["step"]), state.get("world_size"), stored.get("train", {})
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as e:
         raise ckpt.CheckpointError(f"{cdir / ckpt.STATE}: not the training state of this run "
                                    f"({type(e).__name__}: {e})") from None

@@ -143,6 +143,40 @@ def test_config_of_wrong_structure_in_a_checkpoint_folder_is_one_error(run, tmp_
         ck.load_model(d)
 
 
+def _flip_a_weight_byte(weights: Path) -> None:
+    """One byte of the last tensor's data flipped: the file still parses, one weight differs."""
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+
+
+def test_weights_without_meta_json_are_checked_or_said_unchecked(run, tmp_path):
+    """A run's step folder without meta.json is incomplete (refused, as verify_checkpoint refuses it); a bare
+    folder, or a weights file that meta.json does not describe, loads with one warning that it is unchecked."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    step = ck.list_checkpoints(copy)[-1]
+    _flip_a_weight_byte(step / ck.WEIGHTS)
+    (step / ck.META).unlink()
+    with pytest.raises(ck.CheckpointError, match=f"checkpoint {step} is incomplete: meta.json is missing"):
+        ck.load_model(step)
+    bare = tmp_path / "bare"
+    shutil.copytree(step, bare)
+    best = tmp_path / "described" / "best.safetensors"
+    shutil.copytree(ck.list_checkpoints(run)[-1], best.parent)
+    shutil.copy(bare / ck.WEIGHTS, best)
+    for path in (bare, bare / ck.WEIGHTS, best):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ck.load_model(path)
+        said = [str(w.message) for w in caught]
+        assert len(said) == 1 and said[0].startswith(f"{path if path.is_file() else path / ck.WEIGHTS}: no meta.json")
+        assert "cannot be checked" in said[0] and "\n" not in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a folder that meta.json describes loads without a word
+        ck.load_model(ck.list_checkpoints(run)[-1])
+
+
 def test_a_prune_cut_short_leaves_an_incomplete_folder_that_a_run_removes(run, tmp_path, monkeypatch):
     """_prune deletes meta.json first, so a kill in the middle of deleting a checkpoint leaves a folder that
     reads as incomplete (never as a corrupt checkpoint to warn about); remove_incomplete clears such folders,

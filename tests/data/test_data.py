@@ -176,6 +176,28 @@ def test_kitti_split_file_values_and_crops(tmp_path):
     assert small["eval_mask"].any() and not (small["eval_mask"] & ~small["valid"]).any()
 
 
+def test_a_relative_split_file_is_read_from_data_root(tmp_path, monkeypatch):
+    """data.split_file=lists/train.txt is data.root/lists/train.txt whatever the working folder (a .mat root:
+    its folder); where it is not, the one error names the folder searched, and the working folder's file."""
+    root = tmp_path / "data"
+    write_u16(root / "d" / "a.png", np.full((8, 8), 1500))
+    write_rgb(root / "r" / "a.png", 8, 8)
+    (root / "lists").mkdir()
+    (root / "lists" / "train.txt").write_text("r/a.png d/a.png\n")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "other").mkdir(parents=True)
+    (elsewhere / "other" / "train.txt").write_text("r/a.png d/a.png\n")
+    monkeypatch.chdir(elsewhere)
+    cfg = DataConfig(kind="folder", root=str(root), split_file="lists/train.txt")
+    assert len(make_dataset(cfg, "train", (8, 8), 0.5, 10.0)) == 1
+    with pytest.raises(ValueError, match=rf"data.split_file {root / 'other' / 'train.txt'}: no such file \(a relative "
+                                         rf"data.split_file is read from data.root {root}\); other/train.txt lies in the "
+                                         rf"working folder"):
+        make_dataset(DataConfig(kind="folder", root=str(root), split_file="other/train.txt"), "train", (8, 8), 0.5, 10.0)
+    with pytest.raises(ValueError, match=rf"data.val_split_file {root / 'lists'}: is a folder"):
+        make_dataset(DataConfig(kind="folder", root=str(root), val_split_file="lists"), "val", (8, 8), 0.5, 10.0)
+
+
 def test_nyu_folder_eigen_crop_and_resize(tmp_path):
     h, w = 480, 640
     raw = np.full((h, w), 2500, dtype=np.uint16)
@@ -212,7 +234,7 @@ def test_nyu_mat_v73_transposed_layout(tmp_path):
     with open(path, "r+b") as f:
         f.write(b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 HDF5 schema 1.00 .")
     (tmp_path / "test.txt").write_text("2\n0\n")
-    cfg = DataConfig(kind="nyu_mat", root=str(path), val_split_file=str(tmp_path / "test.txt"))
+    cfg = DataConfig(kind="nyu_mat", root=str(path), val_split_file="test.txt")  # relative: beside the .mat
     ds = make_dataset(cfg, "val", (H, W), 0.5, 10.0)
     assert len(ds) == 2
     s = ds[0]

@@ -113,6 +113,20 @@ def test_dense_map_and_curve_options(run_dir, tmp_path):
     assert r["focal"]["mode"] == "data" and r["focal"]["images_with_focal"] == 3
 
 
+def test_curve_with_an_empty_edge_band_says_nothing(run_dir, tmp_path):
+    """No image has a depth-edge band (no neighbour ratio above 100): the curve has no rows to plot, and is
+    drawn without a warning (matplotlib's legend warned that it had no labels)."""
+    import warnings
+
+    args = ["--checkpoint", str(run_dir), "--queries", "8", "--max-images", "2", "--figure-images", "0", "--no-progress",
+            "--points", "edge", "--band-threshold", "100", "--curve", "--out", str(tmp_path / "x")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = main(args)
+    assert r["bands"]["edge"]["rows"] == [] and r["bands"]["edge"]["skipped_images"] == 2
+    assert (tmp_path / "x" / "curve.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_scenes_of_another_size_run_the_model_at_its_own(run_dir, tmp_path):
     """--image-size: the held-out images at 96x96 are resized to the tiny model's 64x64 and their points
     scaled; the answers equal the model's on images resized by hand."""

@@ -1,6 +1,12 @@
 """The frontier tool: a plan's runs trained, evaluated on the same images and band, rows and figure;
 finished runs read, not trained again; costs that follow the buffer."""
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,25 +68,154 @@ def test_costs_count_the_attention_as_it_runs():
             assert counter.get_total_flops() / 1e9 == pytest.approx(buffer_gflop(m.cfg, k), rel=1e-6), (stream, k)
 
 
-@pytest.mark.parametrize("runs, match", [
-    ([{"name": "a", "path": "sparse"}], "path packed or dense"),
-    ([{"name": "a", "path": "packed"}, {"name": "a", "path": "dense"}], "a name of its own"),
-    ([{"name": "a", "path": "packed", "lever": 1}], "only"),
+A = {"name": "a", "path": "packed"}
+
+
+@pytest.mark.parametrize("runs, keys, match", [
+    ([{"name": "a", "path": "sparse"}], {}, "path packed or dense"),
+    ([A, {"name": "a", "path": "dense"}], {}, "run 'a' twice: every run needs a name of its own"),
+    ([{"name": "run 1", "path": "packed"}, {"name": "Run_1", "path": "dense"}], {},
+     "run 'Run_1' and 'run 1' share the folder run_1: every run needs a name of its own"),
+    ([{"name": "!!!", "path": "packed"}], {}, "run '!!!': its name has no letter or digit"),
+    ([{"name": 5, "path": "packed"}], {}, "run 1: its name must be text, got 5"),
+    ([{"name": "a", "path": "packed", "lever": 1}], {}, "only"),
+    ([], {}, r"runs must be a non-empty list of mappings"),
+    (["a"], {}, r"runs must be a non-empty list of mappings"),
+    ([A], {"common": "steps=2"}, "common must be a list of key=value strings, got 'steps=2'"),
+    ([A], {"image": 64}, r"image must be \[height, width\], two positive whole numbers of pixels, got 64"),
+    ([A], {"image": [64, 0]}, r"image must be \[height, width\]"),
+    ([A], {"queries": [8, 0]}, r"queries must be a list of positive whole numbers, got \[8, 0\]"),
+    ([A], {"queries": 8}, "queries must be a list"),
+    ([A], {"band_radius": -1}, "band_radius must be a whole number of pixels"),
+    ([A], {"max_images": 0}, "max_images must be a positive whole number"),
+    ([A], {"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ([{**A, "overrides": "steps=2"}], {}, "run 'a': overrides must be a list of key=value strings"),
+    ([{**A, "default": "yes"}], {}, "run 'a': default must be true or false"),
+    ([{**A, "overrides": ["model.depth=x"]}], {}, "run 'a': ModelConfig.depth must be a number"),
+    ([{**A, "overrides": ["lever=1"]}], {}, "run 'a': unknown TrainConfig key.*lever"),
+    ([{**A, "overrides": ["out_dir=elsewhere"]}], {}, "run 'a': out_dir are the frontier's"),
+    ([A], {"base": str(ROOT / "configs" / "none.yaml")}, "base config .*none.yaml: no such file"),
 ])
-def test_bad_plans_are_refused(tmp_path, runs, match):
+def test_bad_plans_are_refused_before_anything_trains(tmp_path, runs, keys, match):
+    """The whole plan is checked first, each run's merged training config built: one line, nothing trained."""
+    plan = write_plan(tmp_path, runs, **keys)
     with pytest.raises(ValueError, match=match):
-        load_plan(write_plan(tmp_path, runs))
+        load_plan(plan)
+    with pytest.raises(ValueError, match=match) as e:
+        main(["--plan", str(plan), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "f.json"),
+              "--figure", str(tmp_path / "f.png")])
+    assert str(e.value).startswith(f"plan {plan}: ") and "\n" not in str(e.value)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.parametrize("name", ["frontier_cpu", "frontier_h200", "frontier_tiny"])
+def test_the_shipped_plans_pass_the_checks(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # their base configs are named from the repository's root, as the docs run them
+    assert load_plan(f"configs/{name}.yaml")["runs"]
+
+
+def test_bad_outputs_and_a_folder_plan_are_one_line_before_anything_trains(tmp_path):
+    plan = write_plan(tmp_path, [A])
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    ok = {"--plan": str(plan), "--runs": str(tmp_path / "runs"), "--out": str(tmp_path / "f.json"),
+          "--figure": str(tmp_path / "f.png")}
+    for flag, value, said in (("--plan", tmp_path / "adir", f"plan {tmp_path / 'adir'}: is a folder, not a file"),
+                              ("--figure", tmp_path / "adir", f"--figure {tmp_path / 'adir'} is a folder: give the PNG"),
+                              ("--out", tmp_path / "adir", f"--out {tmp_path / 'adir'} is a folder: give the JSON"),
+                              ("--runs", tmp_path / "afile", f"--runs {tmp_path / 'afile'} is a file, not a folder"),
+                              ("--out", tmp_path / "afile", f"--out {tmp_path / 'afile'}: not a frontier rows file")):
+        with pytest.raises(ValueError) as e:
+            main([x for k, v in {**ok, flag: str(value)}.items() for x in (k, v)])
+        assert str(e.value).startswith(said) and "\n" not in str(e.value), str(e.value)
+        assert not (tmp_path / "runs" / "a").exists()
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_plan_for_a_device_this_machine_lacks_is_refused_before_anything_trains(tmp_path):
+    plan = write_plan(tmp_path, [A], device="cuda")
+    with pytest.raises(ValueError, match=f"^plan {plan}: device cuda: CUDA is not available on this machine$"):
+        main(frontier_args(tmp_path, plan, tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_nothing_to_write_is_refused_and_the_rows_kept(tmp_path):
+    """--no-train with no finished run: one line, and --out as it was (it had rows of other runs)."""
+    plan = write_plan(tmp_path, [A, {"name": "b", "path": "dense"}])
+    out = tmp_path / "f.json"
+    out.write_text(json.dumps({"image": [64, 64], "band_radius": 8, "rows": [{"name": "a", "q": 8}]}))
+    before = out.read_bytes()
+    args = ["--plan", str(plan), "--runs", str(tmp_path / "runs"), "--out", str(out), "--figure", str(tmp_path / "f.png")]
+    with pytest.raises(ValueError, match=f"nothing to write: none of the 2 runs is finished and --no-train trains none; "
+                                         f"{out} left as it was"):
+        main(args + ["--no-train"])
+    assert out.read_bytes() == before and not (tmp_path / "f.png").exists()
+    out.write_text(json.dumps({"image": [128, 128], "band_radius": 8, "rows": []}))
+    with pytest.raises(ValueError, match=r"holds rows evaluated with image \[128, 128\], this plan's image is \[64, 64\]"):
+        main(args + ["--no-train"])
+
+
+def test_a_full_disk_leaves_the_old_figure_whole(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from depthpack.core import files
+    from depthpack.eval.frontier import figure
+
+    rows = [{"name": "p", "path": "packed", "q": q, "encoder_gflop": g, "absrel_uniform": 0.2, "absrel_edge": 0.3,
+             "default": True, "seed": 0} for q, g in ((8, 0.1), (64, 0.4))]
+    png = tmp_path / "f.png"
+    png.write_bytes(b"the old figure")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        figure(rows, png)
+    monkeypatch.undo()
+    assert png.read_bytes() == b"the old figure" and sorted(p.name for p in tmp_path.iterdir()) == ["f.png"]
+    assert figure(rows, png).read_bytes().startswith(b"\x89PNG")
+
+
+RUNS = [{"name": "packed default", "path": "packed", "default": True, "overrides": []},
+        {"name": "dense 32x32", "path": "dense", "overrides": ["train_path=dense", "model.img_size=[32,32]",
+                                                               "model.buckets=[16]"]}]
+
+
+def frontier_args(tmp_path: Path, plan: Path, runs: Path) -> list[str]:
+    return ["--plan", str(plan), "--runs", str(runs), "--out", str(tmp_path / "new" / "f.json"),
+            "--figure", str(tmp_path / "f.png")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The two runs of RUNS trained and evaluated once: (folder, plan, runs folder, args, rows document)."""
+    tmp = tmp_path_factory.mktemp("frontier")
+    plan = write_plan(tmp, RUNS)
+    args = frontier_args(tmp, plan, tmp / "runs") + ["--jobs", "2"]
+    return tmp, plan, tmp / "runs", args, main(args)
+
+
+def copy_of(trained, tmp_path: Path) -> tuple[list[str], Path]:
+    """A copy of the trained runs and their rows: (the frontier's arguments on them, the runs folder)."""
+    tmp, plan, runs, _, doc = trained
+    shutil.copytree(runs, tmp_path / "runs")
+    (tmp_path / "new").mkdir()
+    shutil.copy(tmp / "new" / "f.json", tmp_path / "new" / "f.json")
+    return frontier_args(tmp_path, plan, tmp_path / "runs"), tmp_path / "runs"
+
+
+def rows_by_run(doc: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in doc["rows"]:
+        out.setdefault(r["name"], []).append(json.dumps(r, sort_keys=True))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 @pytest.mark.slow
-def test_a_plan_trains_evaluates_and_reads_finished_runs(tmp_path):
-    runs = [{"name": "packed default", "path": "packed", "default": True, "overrides": []},
-            {"name": "dense 32x32", "path": "dense", "overrides": ["train_path=dense", "model.img_size=[32,32]",
-                                                                   "model.buckets=[16]"]}]
-    plan = write_plan(tmp_path, runs)
-    args = ["--plan", str(plan), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "new" / "f.json"),
-            "--figure", str(tmp_path / "f.png"), "--jobs", "2"]
-    doc = main(args)
+def test_a_plan_trains_evaluates_and_reads_finished_runs(trained):
+    tmp_path, _, runs, args, doc = trained
     rows = {(r["name"], r["path"], r["q"]): r for r in doc["rows"]}
     # the packed model: its packed sweep, its own dense path and its glance depth; the dense model: dense only
     assert set(rows) == {("packed default", p, q) for p in ("packed", "dense", "glance") for q in (8, 64)} | \
@@ -93,10 +228,128 @@ def test_a_plan_trains_evaluates_and_reads_finished_runs(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 0
     assert json.loads((tmp_path / "new" / "f.json").read_text()) == doc  # its folder made
 
-    summary = tmp_path / "runs" / "packed_default" / "summary.json"
+    summary = runs / "packed_default" / "summary.json"
     before = summary.stat().st_mtime_ns
     again = main(args + ["--only", "packed default", "--no-train"])  # read, not trained; the other rows kept
     assert summary.stat().st_mtime_ns == before
-    assert sorted(map(json.dumps, again["rows"])) == sorted(map(json.dumps, doc["rows"]))
+    assert rows_by_run(again) == rows_by_run(doc)
     with pytest.raises(ValueError, match="not runs of"):
         main(args + ["--only", "nobody"])
+
+
+@pytest.mark.slow
+def test_rows_of_runs_not_evaluated_now_are_kept_without_only(trained, tmp_path):
+    """--no-train leaves out a run that is not finished: its rows in --out stay, --only or not."""
+    args, runs = copy_of(trained, tmp_path)
+    (runs / "dense_32x32" / "summary.json").unlink()
+    doc = main(args + ["--no-train"])
+    assert rows_by_run(doc) == rows_by_run(trained[4])
+    assert json.loads((tmp_path / "new" / "f.json").read_text()) == doc
+
+
+@pytest.mark.slow
+def test_a_garbage_cached_evaluation_is_evaluated_again_with_a_warning(trained, tmp_path):
+    args, runs = copy_of(trained, tmp_path)
+    cached = runs / "packed_default" / "frontier_eval" / "eval.json"
+    cached.write_text('{"bands": {"uniform": {"rows": [{"path": "packed"}]}}}')
+    with pytest.warns(UserWarning, match=f"{cached}: not an evaluation .*; evaluating it again"):
+        doc = main(args + ["--no-train", "--only", "packed default"])
+    want = {(r["name"], r["path"], r["q"]): r["absrel_uniform"] for r in trained[4]["rows"]}
+    assert {(r["name"], r["path"], r["q"]): r["absrel_uniform"] for r in doc["rows"]} == pytest.approx(want)
+    assert json.loads(cached.read_text())["bands"]["uniform"]["rows"]
+
+
+@pytest.mark.slow
+def test_failed_runs_are_one_line_each_and_the_others_go_on(trained, tmp_path, capsys):
+    """A finished run whose checkpoints were deleted, a run whose training fails, one that stops before its last
+    step (max_time_s): one line each naming the folder or the log, the other run's rows written, theirs kept,
+    and one error saying three failed."""
+    tmp, plan, _, _, doc = trained
+    args, runs = copy_of(trained, tmp_path)
+    shutil.rmtree(runs / "dense_32x32" / "checkpoints")
+    broken = {"name": "broken", "path": "packed", "overrides": ["data.kind=folder", f"data.root={tmp_path / 'none'}"]}
+    cut = {"name": "cut", "path": "packed", "overrides": ["max_time_s=1e-6"]}
+    args[1] = str(write_plan(tmp_path, [*RUNS, broken, cut]))
+    out = tmp_path / "new" / "f.json"
+    with pytest.raises(ValueError) as e:
+        main(args)
+    assert str(e.value) == (f"3 of 4 runs failed ('dense 32x32', 'broken', 'cut'; each said above with its log); the "
+                            f"rows of the others are in {out}")
+    err = sorted(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("frontier: run "))
+    assert len(err) == 3, err
+    assert err[0].startswith(f"frontier: run 'broken' failed: training 'broken' failed (exit 1): train: error: data root "
+                             f"{tmp_path / 'none'}: no such folder; its log: {runs / 'broken.log'}")
+    assert err[1] == (f"frontier: run 'cut' failed: training 'cut' ended before its last step (its summary.json); the "
+                      f"next frontier resumes it; its log: {runs / 'cut.log'}")
+    assert err[2].startswith(f"frontier: run 'dense 32x32' failed: {runs / 'dense_32x32'} is finished (summary.json) "
+                             f"but holds no checkpoint to evaluate")
+    assert not (runs / "cut" / "frontier_eval").exists()
+    assert rows_by_run(json.loads(out.read_text())) == rows_by_run(doc)
+
+
+@pytest.mark.slow
+def test_a_figure_that_cannot_be_written_is_one_line_after_the_rows(trained, tmp_path, monkeypatch):
+    import errno
+
+    from depthpack.eval import frontier
+
+    args, _ = copy_of(trained, tmp_path)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(frontier, "figure", full)
+    with pytest.raises(ValueError, match=rf"^--figure {tmp_path / 'f.png'}: cannot be written \(No space left on "
+                                         rf"device\); the rows are in {tmp_path / 'new' / 'f.json'}$"):
+        main(args + ["--no-train"])
+
+
+# ---- the trainers die with the frontier ---------------------------------------------------------------------
+def _wait_for(what, proc: subprocess.Popen, deadline_s: float = 600):
+    """what() once it is not None, polled; a failure if proc (the frontier) ends first or the deadline passes
+    (far beyond any run here: the test waits on an event, never on a time)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        got = what()
+        if got is not None:
+            return got
+        assert proc.poll() is None or proc.returncode in (-9, 143), proc.communicate()
+        time.sleep(0.2)
+    pytest.fail("waited 600 s")
+
+
+def _holder(lock: Path) -> int | None:
+    text = lock.read_text().strip() if lock.is_file() else ""
+    return int(text) if text else None
+
+
+def _gone(pid: int) -> bool | None:
+    """True when pid has ended (no process, or a zombie nobody reaped), else None."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return True if state in ("Z", "X") else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_the_trainer_dies_with_the_frontier(tmp_path, sig):
+    """A frontier killed (SIGKILL: the kernel kills its children) or terminated (SIGTERM: it kills their process
+    groups, exit 143) leaves no trainer writing its run folder."""
+    plan = write_plan(tmp_path, [{"name": "long", "path": "packed", "overrides": ["steps=100000"]}])
+    cmd = [sys.executable, "-m", "depthpack.eval.frontier", *frontier_args(tmp_path, plan, tmp_path / "runs")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        trainer = _wait_for(lambda: _holder(tmp_path / "runs" / "long" / "train.lock"), proc)  # training now
+        assert _gone(trainer) is None
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == (-9 if sig == signal.SIGKILL else 143), err
+        if sig == signal.SIGTERM:
+            assert err.strip().splitlines()[-1] == "frontier: terminated; stopping its trainers and evaluators", err
+        _wait_for(lambda: _gone(trainer), proc)
+    finally:
+        proc.kill()
+        proc.wait()

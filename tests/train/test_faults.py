@@ -186,3 +186,31 @@ def test_ctrl_c_stops_as_a_kill_does_with_one_line(tmp_path):
                                              "resume=true"]))
     assert (summary["resumed_from"], summary["step"]) == (step, step + 1)
     assert _rows(run / "log.csv") == list(range(1, step + 2))
+
+
+def test_a_folder_a_live_trainer_holds_is_refused_and_a_dead_ones_lock_taken_over(done, tmp_path, capsys):
+    """Every trainer holds its run folder's train.lock (its PID in it): a second trainer is refused while the
+    holder lives, whoever started either; a holder killed (its PID left in the file) is taken over with one
+    warning; a clean end leaves the file empty."""
+    from depthpack.train.run_folder import LOCK
+
+    run = shutil.copytree(done, tmp_path / "run")
+    hold = ("import sys\nfrom depthpack.core.files import pid_lock\nwith pid_lock(sys.argv[1], 'x'):\n"
+            "    print('held', flush=True)\n    sys.stdin.read()\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run / LOCK)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"  # it holds the lock from here on
+        before = files(run)
+        rc, _, err = command(capsys, run, "steps=8", "resume=true")
+        assert rc == 1 and err == [f"train: error: out_dir {run} is in use by process {holder.pid}, still running "
+                                   f"(its lock: {run / LOCK}); wait for it to end, or end it"], err
+        assert files(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run / LOCK).read_text().strip() == str(holder.pid)  # killed: its PID stays behind
+    rc, _, err = command(capsys, run, "steps=8", "resume=true")
+    assert rc == 0 and len(err) == 1, err
+    assert err[0] == f"train: warning: {run / LOCK}: a lock left by process {holder.pid}, which is gone (killed?); taking it over"
+    assert (run / LOCK).read_text() == ""

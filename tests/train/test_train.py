@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -336,6 +337,23 @@ def test_pickled_code_in_training_state_is_refused(done, tmp_path):
     with pytest.warns(UserWarning, match=r"step_00000006/state.pt: refused or unreadable.*; using the previous checkpoint"):
         assert train(tiny_cfg(copy, "steps=8", "resume=true"))["resumed_from"] == 3
     assert not _Evil.marker.exists()
+
+
+def test_a_resume_with_another_seed_or_data_stream_is_refused_by_name(done, tmp_path):
+    """resume=true replays the stream the run started with: another seed or data path is one error naming the
+    key, its stored and its new value, before anything is written; the same values resume."""
+    from depthpack.train import train
+
+    run = copy_run(done, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for over, said in ((["seed=1"], "seed=1 (the run trained with seed=0)"),
+                       (["data.fresh=true"], "data.fresh=true (the run trained with data.fresh=false)"),
+                       (["seed=2", "data.seed=3"], "seed=2 (the run trained with seed=0), data.seed=3 (the run trained "
+                                                   "with data.seed=0)")):
+        with pytest.raises(ValueError, match=re.escape(f"resume: {said}: a resumed run continues the data stream of")):
+            train(tiny_cfg(run, "resume=true", "steps=8", *over))
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert train(tiny_cfg(run, "resume=true", "steps=7"))["resumed_from"] == 6
 
 
 def test_load_model_errors_name_the_problem(tmp_path):
