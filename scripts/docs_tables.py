@@ -296,13 +296,19 @@ def _frontier_caption(data: dict) -> str:
             f"torch {one('torch')}, commit `{one('commit')}`. Source: `docs/results/frontier.json`.")
 
 
+def _frontier(plan: str = "frontier_cpu") -> dict:
+    """One plan's rows document in frontier.json (its plans by name; a file of one plan is that plan)."""
+    data = load("frontier.json")
+    return data["plans"][plan] if "plans" in data else data
+
+
 def _dense_trained(rows: list[dict]) -> set[str]:
     """The runs trained dense (no packed rows): the downscale-and-run-dense models."""
     return {r["name"] for r in rows if r["path"] == "dense"} - {r["name"] for r in rows if r["path"] == "packed"}
 
 
 def block_frontier() -> list[str]:
-    data = load("frontier.json")
+    data = _frontier()
     dense_trained = _dense_trained(data["rows"])
     keep = [r for r in data["rows"] if r["path"] == "packed" or r["name"] in dense_trained
             or any(d["default"] and d["name"] == r["name"] for d in data["rows"])]
@@ -325,7 +331,7 @@ def _dense_curve(rows: list[dict], q: int, gflop: float, key: str) -> tuple[floa
 
 
 def block_frontier_targets() -> list[str]:
-    data = load("frontier.json")
+    data = _frontier()
     rows = data["rows"]
     default = [r for r in rows if r["default"]]
     name = default[0]["name"]

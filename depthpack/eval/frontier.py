@@ -14,10 +14,11 @@ folder's train.lock, so a folder another live trainer holds is refused). Every r
 held-out scenes at the plan's `image` size (a model of another size sees them resized, its points scaled),
 at the same query points, with the same depth-edge band (`band_radius` pixels of that image) and, for synthetic
 scenes, the thin band. A run that fails is one line naming its log; the others go on, and the command then exits
-1 saying which failed. Rows go to --out (docs/results/frontier.json by default): {name, path, image, q, tokens,
-encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps, scenes, seed, device, torch, commit, patches,
-default}; the rows of runs evaluated now replace theirs, the rows of every other run are kept; the figure goes to
---figure.
+1 saying which failed. Rows go to --out (docs/results/frontier.json by default), under the plan's name (its file's
+stem) beside other plans' rows: {plans: {name: {plan, image, band_radius, hardware, rows}}}, a row {name, path,
+image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps, scenes, seed, device, torch,
+commit, patches, default}; the rows of runs evaluated now replace theirs, the rows of every other run are kept;
+the figure goes to --figure.
 """
 from __future__ import annotations
 
@@ -476,24 +477,40 @@ def check_outputs(a: argparse.Namespace) -> Path:
     return check_writable_dir(a.runs, "--runs")
 
 
-def old_rows(out: Path, plan: dict) -> list[dict]:
-    """The rows --out holds (none when it does not exist), to keep those of runs not evaluated now; one
-    ValueError when it is not a rows file, or its rows were evaluated on other images or another band."""
+def read_plans(out: Path) -> dict[str, dict]:
+    """The plans --out holds, by name (plan_name; none when it does not exist): {name: {plan, image, band_radius,
+    hardware, rows}}. A file of one plan (the format before several) is read as that plan. One ValueError when it
+    is not a rows file."""
     if not out.exists():
-        return []
+        return {}
     try:
         doc = json.loads(out.read_text())
-        rows = doc["rows"]
-        if not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
-            raise ValueError("a row without a name")
-    except (ValueError, KeyError, TypeError) as e:
+        plans = doc["plans"] if "plans" in doc else {plan_name(doc["plan"]): doc}
+        for entry in plans.values():
+            if not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in entry["rows"]):
+                raise ValueError("a row without a name")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"--out {out}: not a frontier rows file ({type(e).__name__}: {cli.one_line(e)[:200]}), and "
                          f"its rows would be lost: move it away or give another --out") from None
+    return plans
+
+
+def plan_name(path: str | Path) -> str:
+    """A plan's name in the rows file: its file's stem (configs/frontier_cpu.yaml: frontier_cpu)."""
+    return Path(path).stem
+
+
+def old_rows(plans: dict[str, dict], name: str, plan: dict, out: Path) -> list[dict]:
+    """The rows --out holds for this plan, to keep those of runs not evaluated now; one ValueError when they were
+    evaluated on other images or another band."""
+    entry = plans.get(name)
+    if entry is None:
+        return []
     for key in ("image", "band_radius"):
-        if doc.get(key) != plan.get(key):
-            raise ValueError(f"--out {out} holds rows evaluated with {key} {doc.get(key)!r}, this plan's {key} is "
-                             f"{plan.get(key)!r}: they would not compare; give another --out")
-    return rows
+        if entry.get(key) != plan.get(key):
+            raise ValueError(f"--out {out} holds rows of plan {name} evaluated with {key} {entry.get(key)!r}, this "
+                             f"plan's {key} is {plan.get(key)!r}: they would not compare; give another --out")
+    return entry["rows"]
 
 
 def merge_rows(plan: dict, old: list[dict], new: dict[str, list[dict]]) -> list[dict]:
@@ -546,7 +563,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     resolve_device(plan.get("device", "auto"), f"plan {a.plan}: device")  # the runs are evaluated here
     runs_dir = check_outputs(a)
-    old = old_rows(Path(a.out), plan)
+    plans, name = read_plans(Path(a.out)), plan_name(a.plan)
+    old = old_rows(plans, name, plan, Path(a.out))
     new, failed = run_plan(plan, todo, runs_dir, a)
     said = f"{len(failed)} of {len(todo)} runs failed ({', '.join(map(repr, failed))}; each said above with its log)"
     if not new:
@@ -555,7 +573,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = merge_rows(plan, old, new)
     doc = {"plan": str(a.plan), "image": plan["image"], "band_radius": plan.get("band_radius"),
            "hardware": ", ".join(sorted({str(r["device"]) for r in rows})) or platform.machine(), "rows": rows}
-    atomic_write_json(a.out, doc, sort_keys=False)
+    atomic_write_json(a.out, {"plans": {**plans, name: doc}}, sort_keys=False)
     try:
         fig = figure(rows, a.figure, f"{Path(a.plan).stem}: AbsRel on {rows[0].get('eval_image')} held-out images")
     except OSError as e:  # a full disk, say: the PNG is written atomically, so none is left half written

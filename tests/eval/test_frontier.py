@@ -144,15 +144,18 @@ def test_nothing_to_write_is_refused_and_the_rows_kept(tmp_path):
     """--no-train with no finished run: one line, and --out as it was (it had rows of other runs)."""
     plan = write_plan(tmp_path, [A, {"name": "b", "path": "dense"}])
     out = tmp_path / "f.json"
-    out.write_text(json.dumps({"image": [64, 64], "band_radius": 8, "rows": [{"name": "a", "q": 8}]}))
+    other = {"plan": "configs/other.yaml", "image": [32, 32], "band_radius": 4, "rows": [{"name": "x", "q": 4}]}
+    out.write_text(json.dumps({"plans": {plan.stem: {"image": [64, 64], "band_radius": 8, "rows": [{"name": "a", "q": 8}]},
+                                         "other": other}}))
     before = out.read_bytes()
     args = ["--plan", str(plan), "--runs", str(tmp_path / "runs"), "--out", str(out), "--figure", str(tmp_path / "f.png")]
     with pytest.raises(ValueError, match=f"nothing to write: none of the 2 runs is finished and --no-train trains none; "
                                          f"{out} left as it was"):
         main(args + ["--no-train"])
     assert out.read_bytes() == before and not (tmp_path / "f.png").exists()
-    out.write_text(json.dumps({"image": [128, 128], "band_radius": 8, "rows": []}))
-    with pytest.raises(ValueError, match=r"holds rows evaluated with image \[128, 128\], this plan's image is \[64, 64\]"):
+    out.write_text(json.dumps({"plan": str(plan), "image": [128, 128], "band_radius": 8, "rows": []}))  # one plan's file
+    with pytest.raises(ValueError, match=rf"holds rows of plan {plan.stem} evaluated with image \[128, 128\], this plan's "
+                                         r"image is \[64, 64\]"):
         main(args + ["--no-train"])
 
 
@@ -226,7 +229,7 @@ def test_a_plan_trains_evaluates_and_reads_finished_runs(trained):
     assert rows[("dense 32x32", "dense", 8)]["image"] == "32x32" and rows[("dense 32x32", "dense", 8)]["patches"] == 16
     assert rows[("packed default", "packed", 8)]["encoder_gflop"] < rows[("packed default", "dense", 8)]["encoder_gflop"]
     assert (tmp_path / "f.png").stat().st_size > 0
-    assert json.loads((tmp_path / "new" / "f.json").read_text()) == doc  # its folder made
+    assert json.loads((tmp_path / "new" / "f.json").read_text()) == {"plans": {Path(args[1]).stem: doc}}  # its folder made
 
     summary = runs / "packed_default" / "summary.json"
     before = summary.stat().st_mtime_ns
@@ -244,7 +247,7 @@ def test_rows_of_runs_not_evaluated_now_are_kept_without_only(trained, tmp_path)
     (runs / "dense_32x32" / "summary.json").unlink()
     doc = main(args + ["--no-train"])
     assert rows_by_run(doc) == rows_by_run(trained[4])
-    assert json.loads((tmp_path / "new" / "f.json").read_text()) == doc
+    assert json.loads((tmp_path / "new" / "f.json").read_text())["plans"][Path(args[1]).stem] == doc
 
 
 @pytest.mark.slow
@@ -284,7 +287,7 @@ def test_failed_runs_are_one_line_each_and_the_others_go_on(trained, tmp_path, c
     assert err[2].startswith(f"frontier: run 'dense 32x32' failed: {runs / 'dense_32x32'} is finished (summary.json) "
                              f"but holds no checkpoint to evaluate")
     assert not (runs / "cut" / "frontier_eval").exists()
-    assert rows_by_run(json.loads(out.read_text())) == rows_by_run(doc)
+    assert rows_by_run(json.loads(out.read_text())["plans"][Path(args[1]).stem]) == rows_by_run(doc)
 
 
 @pytest.mark.slow
