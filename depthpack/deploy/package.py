@@ -24,7 +24,24 @@ class ExportError(ValueError):
     """Anything that stops an export: the message says what and what to do."""
 
 
-class PackedForward(nn.Module):
+class _Forward(nn.Module):
+    """A package's function over the model: its inputs in the model's terms first (model_inputs)."""
+
+    def __init__(self, model: DepthPack, frame: dict | None = None):
+        super().__init__()
+        self.model, self.frame = model, frame
+
+    def model_inputs(self, inputs: torch.Tensor, points: torch.Tensor | None, focal: torch.Tensor | None):
+        """(images, points, focal) at the model's size: frames preprocessed, points and focal scaled."""
+        if self.frame is None:
+            return inputs, points, focal
+        size, frame_size = tuple(self.model.cfg.img_size), tuple(self.frame["size"])
+        return (frames_to_images(inputs, size, self.frame["color"]),
+                scale_points(points, frame_size, size) if points is not None else None,
+                scale_focal(focal, frame_size, size) if focal is not None else None)
+
+
+class PackedForward(_Forward):
     """The exported function: images [B,3,H,W] f32 (or, with frame, uint8 frames [B,h,w,3] in the
     frame's channel order, preprocessed inside), points [B,K,2] f32 in their pixels, and for a model
     with a focal input focal [B] f32 in their pixels (0 = unknown) -> depth [B,K] f32, and for a model
@@ -32,17 +49,37 @@ class PackedForward(nn.Module):
     default is used (a model without a focal input ignores it)."""
 
     def __init__(self, model: DepthPack, bucket: int, frame: dict | None = None):
-        super().__init__()
-        self.model, self.bucket, self.frame = model, bucket, frame
+        super().__init__(model, frame)
+        self.bucket = bucket
 
     def forward(self, inputs: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
-        if self.frame is not None:
-            size, frame_size = tuple(self.model.cfg.img_size), tuple(self.frame["size"])
-            inputs, points = frames_to_images(inputs, size, self.frame["color"]), scale_points(points, frame_size, size)
-            focal = scale_focal(focal, frame_size, size) if focal is not None else None
+        images, points, focal = self.model_inputs(inputs, points, focal)
         if self.model.cfg.glance_depth:
-            return self.model.packed_map_core(inputs, points, self.bucket, focal)
-        return self.model.packed_core(inputs, points, self.bucket, focal)
+            return self.model.packed_map_core(images, points, self.bucket, focal)
+        return self.model.packed_core(images, points, self.bucket, focal)
+
+
+class MapForward(_Forward):
+    """The map-only package's function (a one-way model with a glance depth): PackedForward's inputs without
+    the points -> map [B,rows,cols] f32, the one-way glance alone (DepthPack.glance_map_core)."""
+
+    def forward(self, inputs: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
+        images, _, focal = self.model_inputs(inputs, None, focal)
+        return self.model.glance_map_core(images, focal)
+
+
+def has_map_package(cfg: ModelConfig) -> bool:
+    """Whether an export of this model writes the map-only package: a glance depth on the one-way stream."""
+    return bool(cfg.glance_depth) and cfg.oneway
+
+
+def package_label(bucket: int | None) -> str:
+    return "the map-only package" if bucket is None else f"bucket {bucket}"
+
+
+def forward_of(model: DepthPack, bucket: int | None, frame: dict | None = None) -> _Forward:
+    """The function of bucket's package, or (bucket None) of the map-only package."""
+    return MapForward(model, frame) if bucket is None else PackedForward(model, bucket, frame)
 
 
 def manifest_focal(cfg: ModelConfig, frame: dict | None = None) -> dict | None:
@@ -59,23 +96,24 @@ def example_focal(cfg: ModelConfig, batch: int, g: torch.Generator, frame: dict 
     return f.expand(batch).contiguous()
 
 
-def example_inputs(cfg: ModelConfig, batch: int, k: int, device, g: torch.Generator,
+def example_inputs(cfg: ModelConfig, batch: int, k: int | None, device, g: torch.Generator,
                    frame: dict | None = None) -> tuple[torch.Tensor, ...]:
     """Random images [B,3,H,W] in [0,1) (or uint8 frames [B,h,w,3]) and points [B,K,2] inside them,
     and for a model with a focal input a focal [B] (example_focal): the package's inputs in call
-    order. The last quarter of each row repeats the first point, like the runners' padding."""
+    order (k None: the map-only package's, no points). The last quarter of each row repeats the first
+    point, like the runners' padding."""
     if frame is not None:
         h, w = frame["size"]
         inputs = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8)
     else:
         h, w = cfg.img_size
         inputs = torch.rand(batch, 3, h, w, generator=g)
-    points = torch.rand(batch, k, 2, generator=g) * torch.tensor([w, h]) * (1 - 1e-6)
-    pad = k // 4
+    points = () if k is None else (torch.rand(batch, k, 2, generator=g) * torch.tensor([w, h]) * (1 - 1e-6),)
+    pad = (k or 0) // 4
     if pad:
-        points[:, k - pad:] = points[:, :1]
-    focal = (example_focal(cfg, batch, g, frame).to(device),) if cfg.uses_focal else ()
-    return inputs.to(device), points.to(device), *focal
+        points[0][:, k - pad:] = points[0][:, :1]
+    focal = (example_focal(cfg, batch, g, frame),) if cfg.uses_focal else ()
+    return tuple(t.to(device) for t in (inputs, *points, *focal))
 
 
 def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
@@ -91,14 +129,15 @@ def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
     return problems
 
 
-def export_program(model: DepthPack, k: int, batch: int, device, g: torch.Generator,
+def export_program(model: DepthPack, k: int | None, batch: int, device, g: torch.Generator,
                    frame: dict | None = None) -> torch.export.ExportedProgram:
+    """torch.export of bucket k's function (k None: the map-only package's), held to one static graph."""
     args = example_inputs(model.cfg, batch, k, device, g, frame)
     with torch.no_grad():
-        ep = torch.export.export(PackedForward(model, k, frame).eval(), args, strict=False)
+        ep = torch.export.export(forward_of(model, k, frame).eval(), args, strict=False)
     problems = static_graph_problems(ep)
     if problems:
-        raise ExportError(f"bucket {k}: the packed forward is not one static graph: {'; '.join(problems[:5])}")
+        raise ExportError(f"{package_label(k)}: the packed forward is not one static graph: {'; '.join(problems[:5])}")
     return ep
 
 
@@ -115,7 +154,7 @@ def package_constants(forward: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.detach().to("cpu").contiguous() for name, t in named}
 
 
-def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.Tensor], bucket: int) -> None:
+def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.Tensor], bucket: int | None) -> None:
     """Each constant of the program must be in the weights file with its shape and dtype: an ExportError
     names the first that is not (a lifted constant the module does not name, say)."""
     for name, t in {**ep.state_dict, **ep.constants}.items():
@@ -123,7 +162,7 @@ def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.T
             continue
         w = weights.get(name)
         if w is None or w.shape != t.shape or w.dtype != t.dtype:
-            raise ExportError(f"bucket {bucket}: the program's constant {name} {t.dtype} {list(t.shape)} is not in the "
+            raise ExportError(f"{package_label(bucket)}: the program's constant {name} {t.dtype} {list(t.shape)} is not in the "
                               f"weights file as such ({'missing' if w is None else f'{w.dtype} {list(w.shape)}'})")
 
 
