@@ -8,7 +8,7 @@
 // architecture, GPU compute capability and libtorch major.minor (all checked); trusted packages: a
 // .pt2 holds native code, and the sha256 checks only prove a file is the one the manifest names.
 // Any error: one line on stderr, "depthpack_run: error: ...", exit code 1. --out and --map never write
-// over an input or into the export folder.
+// over an input, into the export folder, or over each other.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -48,7 +48,7 @@ options
   --map PATH          with --image, packages with a map (manifest "map"): the glance's depth map of
                       the same call as CSV, one line per row of the map, meters; without --points
                       (or with no points) the map alone: from the map-only package of a one-way
-                      model, else from one point, the image's centre
+                      model, else from one point, the image's centre; never --out's file
   --focal F           the camera's focal length sqrt(fx*fy) in the input's pixels, > 0 (default:
                       the manifest's "focal" default); packages without a focal input ignore it
                       (one warning line)
@@ -137,6 +137,9 @@ void check_out(const Args& a) {
   if (a.out.empty() && a.map.empty()) return;
   std::error_code ec;
   auto folder = [&](const std::string& p) { return fs::weakly_canonical(fs::absolute(p, ec), ec); };
+  if (!a.out.empty() && !a.map.empty() && (folder(a.out) == folder(a.map) || fs::equivalent(a.out, a.map, ec)))
+    throw Error("--out " + a.out + " and --map " + a.map + " are the same file: the map would replace the depths; "
+                "give two files");
   for (const auto& [flag, path] : {std::pair{"--out", a.out}, std::pair{"--map", a.map}}) {
     if (path.empty()) continue;
     const fs::path out = folder(path);

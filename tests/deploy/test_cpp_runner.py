@@ -758,6 +758,26 @@ def test_out_never_writes_over_an_input_or_the_export(runner, exported, tmp_path
     assert ok.returncode == 0 and read_out(tmp_path / "depths.csv").shape == (10, 3), ok.stderr
 
 
+@pytest.mark.parametrize("how", ["one path", "another path", "a symbolic link", "a hard link"])
+def test_out_and_map_never_name_one_file(runner, exported, tmp_path, how):
+    """--out X --map X wrote the depths, then the map over them, exit 0: two outputs that are one file (by
+    any path or link) are refused before anything runs, one line, exit 1, the file as it was."""
+    pts = write_csv(tmp_path / "pts.csv", [[1.5, 2.5]])
+    out = tmp_path / "both.csv"
+    out.write_text("mine\n")
+    other = {"one path": out, "another path": tmp_path / "." / "both.csv",
+             "a symbolic link": tmp_path / "link.csv", "a hard link": tmp_path / "hard.csv"}[how]
+    if how == "a symbolic link":
+        other.symlink_to(out)
+    elif how == "a hard link":
+        os.link(out, other)
+    proc = run(runner, "--manifest", exported / "manifest.json", "--image", exported / "reference.safetensors",
+               "--points", pts, "--out", out, "--map", other)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1 and "are the same file" in err[0], proc.stderr
+    assert out.read_text() == "mine\n" and proc.stdout == ""
+
+
 def test_weights_that_fit_are_accepted_after_a_rewrite(runner, exported, tmp_path):
     """The control of the weights cases: the same tensors written anew (another file, its sha256 in the
     manifest) pass --check; the same file with one constant transposed was answered by the old runner."""
