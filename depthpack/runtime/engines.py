@@ -104,6 +104,7 @@ class ModelEngine:
         cfg = model.cfg
         self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
         self.uses_focal, self.has_map, self.frame = cfg.uses_focal, cfg.glance_depth, None
+        self.map_size = tuple(cfg.glance_map_size) if cfg.glance_depth else None
         self.map_only = bool(cfg.glance_depth) and cfg.oneway  # the map needs no points: the glance alone
         self.static = recipe.compile or recipe.graph  # a fixed batch and input size
 
@@ -136,6 +137,7 @@ class PackageEngine:
     dtype, recipe and input kind; replayed from CUDA graphs on a GPU."""
 
     def __init__(self, manifest: str | os.PathLike, device: torch.device):
+        from ..deploy.contract import map_size
         from .aoti import load_packages
 
         self.manifest, self.runners, self.map_fn = load_packages(str(manifest), device)
@@ -147,7 +149,7 @@ class PackageEngine:
         self.frame = (tuple(m["frame"]["size"]), m["frame"]["color"]) if m.get("frame") else None
         self.uses_focal = m.get("focal") is not None  # the packages' third input
         self.has_map = len(m["buckets"][0]["outputs"]) > 1  # manifests before the map have one output
-        self.map_only = self.map_fn is not None  # the map-only package
+        self.map_size, self.map_only = map_size(m), self.map_fn is not None  # the map-only package
         self.recipe = Recipe(graph=device.type == "cuda")
         self.static = True
 

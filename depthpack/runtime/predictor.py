@@ -90,7 +90,7 @@ class Predictor:
     exported from one); with more queries than the largest bucket, the first chunk's buffer's map. With no
     points (Q = 0) a one-way model runs its glance alone (DepthPack.glance_map_core, or the export's map-only
     package); a shared-stream model (or packages without a map-only package) runs one point, the input's
-    centre (w/2, h/2) in its pixels, as the C++ runner does.
+    centre (w/2, h/2) in its pixels, as the C++ runner does. An empty batch gives [0, Q] (and [0, rows, cols]).
 
     Threads: calls from several threads are served one at a time (one lock); make one Predictor per thread
     for calls in parallel. Synchronization: host points are checked on the host for free; device points
@@ -257,13 +257,18 @@ class Predictor:
             if batch.points.device.type != "cpu" or not self.engine.static:
                 check_points_in_image(batch.points, h, w)  # device points: a sync
         if B == 0 or (Q == 0 and not return_map):
-            return (out, None) if return_map else out
+            return (out, self._empty_map()) if return_map else out
         with self._lock, torch.inference_mode():
             run = self._run_static if self.engine.static else self._run_eager
             dmap = run(batch, color, out, focal, return_map)
             if out.device.type == "cpu" and self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()
         return (out, dmap) if return_map else out
+
+    def _empty_map(self) -> torch.Tensor:
+        """The map of an empty batch, [0, rows, cols] (refused, naming why, where the engine has no map)."""
+        self.engine.core(with_map=True)
+        return torch.empty(0, *self.engine.map_size, device=self.device, dtype=torch.float32)
 
     def _focal(self, focal, B: int) -> torch.Tensor | None:
         """focal -> [B] float32 (None stays None; None too for a model without a focal input)."""

@@ -169,6 +169,16 @@ def test_the_one_way_map_is_one_map_whatever_the_points(exported):
     torch.testing.assert_close(packaged[0], want, atol=1e-5, rtol=1e-5)
 
 
+def test_an_empty_batch_through_the_packages(exported):
+    """B = 0 float images: an empty [0, Q] depth and [0, rows, cols] map, not an IndexError."""
+    from depthpack.runtime.predictor import Predictor
+
+    pred = Predictor.from_packages(exported.out / "manifest.json", device="cpu")
+    depth, dmap = pred.predict(torch.zeros(0, 3, 64, 64), torch.zeros(0, 5, 2), return_map=True)
+    assert depth.shape == (0, 5) and dmap.shape == (0, 32, 32)
+    assert pred.predict(torch.zeros(0, 3, 64, 64), torch.zeros(0, 0, 2)).shape == (0, 0)
+
+
 def _as_format_4(m: dict) -> None:
     """The manifest an export before the one-way stream wrote: format 4, no glance_stream, no map-only package."""
     m["format"] = "depthpack-manifest/4"

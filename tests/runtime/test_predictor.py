@@ -292,7 +292,7 @@ def test_gpu_aoti_backend_graphs_no_sync(tmp_path):
     assert pred.captures == 2
 
 
-# ---- the map alone ---------------------------------------------------------------------------------
+# ---- the map alone, and the empty batch ---------------------------------------------------------------
 @pytest.mark.parametrize("recipe", [REFERENCE, COMPILED], ids=["eager", "compiled"])
 def test_a_map_only_call_runs_the_one_way_glance_alone(recipe):
     """Q = 0 with return_map on the one-way stream: the glance alone (glance_map_core, compiled with the
@@ -333,3 +333,17 @@ def test_a_map_only_call_of_a_shared_stream_model_runs_the_inputs_centre(recipe)
     with pytest.raises(ValueError, match="one-way glance stream"):
         Predictor(m, device="cpu", recipe=recipe).engine.map_core()
 
+
+@pytest.mark.parametrize("recipe", [REFERENCE, COMPILED], ids=["eager", "compiled"])
+def test_an_empty_batch_gives_empty_answers(recipe):
+    """B = 0 float images: [0, Q] depths and a [0, rows, cols] map (an IndexError in frames.py before); a
+    model without a map still refuses return_map, naming why."""
+    m = _model(buckets=(8, 16))
+    pred = Predictor(m, device="cpu", recipe=recipe)
+    empty = torch.zeros(0, 3, 64, 64)
+    assert pred.predict(empty, torch.zeros(0, 5, 2)).shape == (0, 5)
+    depth, dmap = pred.predict(empty, torch.zeros(0, 0, 2), return_map=True)
+    assert depth.shape == (0, 0) and dmap.shape == (0, *m.cfg.glance_map_size)
+    plain = Predictor(_model(context="thumbnail"), device="cpu", recipe=recipe)
+    with pytest.raises(ValueError, match="no glance depth"):
+        plain.predict(empty, torch.zeros(0, 5, 2), return_map=True)
