@@ -12,6 +12,7 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import warnings
 from typing import Any, Callable, NoReturn
@@ -54,6 +55,7 @@ def run(name: str, main: Callable[[list[str] | None], Any], argv: list[str] | No
                 return 1
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        gc.freeze()  # exit at once: the interpreter's final collections over torch's objects are most of an exit
         return 130
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 

@@ -192,7 +192,9 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
     "inductor_configs", "metadata"), in `workers` spawned processes at once (each program saved with
     torch.export.save and loaded there; AOTInductor's C++ compile of one package uses one core). A child
     that fails or dies (a full disk aborts the process that writes the package) is one ExportError naming
-    the bucket, and this process lives on. on_done(job, seconds) as each finishes."""
+    the bucket, and this process lives on. on_done(job, seconds) as each finishes. Anything that ends the
+    wait (a failed compile, a Ctrl-C, a SIGTERM) ends every child and its compilers at once (_end_workers):
+    the pool's own shutdown would wait for the compiles under way."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -205,15 +207,38 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
         log = Path(tmp) / "compile.log"  # the children's own output: a dying one prints a C++ stack there, not here
         with cf.ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("spawn"),
                                     initializer=_child_setup, initargs=(str(log), os.getpid())) as pool:
-            futures = {pool.submit(_compile_saved, a): job for a, job in zip(args, jobs)}
-            for fut in cf.as_completed(futures):
-                job = futures[fut]
-                try:
-                    seconds = fut.result()
-                except Exception as e:  # noqa: BLE001  (the child's error or its death, said in one line)
-                    raise ExportError(f"AOTInductor compile of {job['path'].name} failed: {_why(e, job['path'])}") from None
-                if on_done:
-                    on_done(job, seconds)
+            try:
+                _wait_for(pool, args, jobs, on_done)
+            except BaseException:
+                _end_workers(pool)
+                raise
+
+
+def _wait_for(pool, args: list[dict], jobs: list[dict], on_done) -> None:
+    import concurrent.futures as cf
+
+    futures = {pool.submit(_compile_saved, a): job for a, job in zip(args, jobs)}
+    for fut in cf.as_completed(futures):
+        job = futures[fut]
+        try:
+            seconds = fut.result()
+        except Exception as e:  # noqa: BLE001  (the child's error or its death, said in one line)
+            raise ExportError(f"AOTInductor compile of {job['path'].name} failed: {_why(e, job['path'])}") from None
+        if on_done:
+            on_done(job, seconds)
+
+
+def _end_workers(pool) -> None:
+    """Kill the pool's children, each with its process group (the compilers it runs: _child_setup), then shut
+    the pool down without waiting for their work. The pool has no kill of its own: its _processes."""
+    import signal
+
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # not (yet) a group of its own: the child alone
+            proc.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _why(e: BaseException, path: Path) -> str:
@@ -229,14 +254,16 @@ def _why(e: BaseException, path: Path) -> str:
 
 
 def _child_setup(log: str, parent: int) -> None:
-    """A compile child dies with the exporter (die_with_parent) and writes its output (progress, warnings,
-    a dying C++ runtime's stack) to log, its resource tracker's included: the exporter's tracker, which it
-    would share, prints "leaked semaphore objects" onto the exporter's terminal after the one error line
-    when a child dies holding one (a full disk aborts it)."""
+    """A compile child dies with the exporter (die_with_parent), leads a process group of its own (so that
+    _end_workers ends its compilers with it) and writes its output (progress, warnings, a dying C++
+    runtime's stack) to log, its resource tracker's included: the exporter's tracker, which it would share,
+    prints "leaked semaphore objects" onto the exporter's terminal after the one error line when a child
+    dies holding one (a full disk aborts it)."""
     import sys
     from multiprocessing import resource_tracker
 
     die_with_parent(parent)
+    os.setpgid(0, 0)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush(), sys.stderr.flush()
     os.dup2(fd, 1), os.dup2(fd, 2)
