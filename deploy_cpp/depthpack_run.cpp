@@ -2,13 +2,13 @@
 // pixels of one image, of every frame of a video, a folder or a raw stream, or a check against
 // the export's reference file.
 //
-// Assumes: a folder written by export/export.py (manifest.json "depthpack-manifest/4", or /3 from before
-// the map, beside one
-// AOTInductor package per bucket and the weights file they share) built for this machine's CPU
+// Assumes: a folder written by export/export.py (manifest.json "depthpack-manifest/5", or /4 and /3 from
+// before the one-way stream and the map, beside one AOTInductor package per bucket, the map-only package
+// of a one-way model, and the weights file they share) built for this machine's CPU
 // architecture, GPU compute capability and libtorch major.minor (all checked); trusted packages: a
 // .pt2 holds native code, and the sha256 checks only prove a file is the one the manifest names.
-// Any error: one line on stderr, "depthpack_run: error: ...", exit code 1. --out never writes over
-// an input or into the export folder.
+// Any error: one line on stderr, "depthpack_run: error: ...", exit code 1. --out and --map never write
+// over an input, into the export folder, or over each other.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -46,7 +46,9 @@ options
   --out PATH          the depths as CSV, "x,y,depth" (frame loops: "frame,x,y,depth"); default
                       stdout; never an input, nor a file of the export folder
   --map PATH          with --image, packages with a map (manifest "map"): the glance's depth map of
-                      the same call as CSV, one line per row of the map, meters
+                      the same call as CSV, one line per row of the map, meters; without --points
+                      (or with no points) the map alone: from the map-only package of a one-way
+                      model, else from one point, the image's centre; never --out's file
   --focal F           the camera's focal length sqrt(fx*fy) in the input's pixels, > 0 (default:
                       the manifest's "focal" default); packages without a focal input ignore it
                       (one warning line)
@@ -121,7 +123,8 @@ Args parse_args(int argc, char** argv) {
   if (loops > 1 || (loops && (!a.image.empty() || !a.check.empty())))
     throw Error("give one input: --image, --check, --video, --images or --raw (see --help)");
   if (!loops && a.check.empty() && a.image.empty()) throw Error("give --image and --points, --check REF, or a frame loop (see --help)");
-  if ((loops || !a.image.empty()) && a.points.empty()) throw Error("--points is required with --image, --video, --images and --raw");
+  if ((loops || (!a.image.empty() && a.map.empty())) && a.points.empty())
+    throw Error("--points is required with --image (but for the map alone, --map), --video, --images and --raw");
   if (a.raw.empty() != !a.frame_w) throw Error("--raw and --frame-size WxH go together");
   if (!a.map.empty() && a.image.empty()) throw Error("--map goes with --image (one call, one map)");
   return a;
@@ -134,6 +137,9 @@ void check_out(const Args& a) {
   if (a.out.empty() && a.map.empty()) return;
   std::error_code ec;
   auto folder = [&](const std::string& p) { return fs::weakly_canonical(fs::absolute(p, ec), ec); };
+  if (!a.out.empty() && !a.map.empty() && (folder(a.out) == folder(a.map) || fs::equivalent(a.out, a.map, ec)))
+    throw Error("--out " + a.out + " and --map " + a.map + " are the same file: the map would replace the depths; "
+                "give two files");
   for (const auto& [flag, path] : {std::pair{"--out", a.out}, std::pair{"--map", a.map}}) {
     if (path.empty()) continue;
     const fs::path out = folder(path);
@@ -164,8 +170,9 @@ std::string fmt(float d) {
 void print_bench(depthpack::Runner& r, int runs) {
   for (int64_t k : r.buckets_used()) {
     auto ms = r.bench(k, runs);
-    std::fprintf(stderr, "bench bucket=%lld device=%s graph=%d runs=%d median_ms=%.4f p90_ms=%.4f\n", (long long)k,
-                 r.device().c_str(), int(r.graphs()), runs, depthpack::median(ms), depthpack::percentile(ms, 0.9));
+    std::fprintf(stderr, "bench bucket=%s device=%s graph=%d runs=%d median_ms=%.4f p90_ms=%.4f\n",
+                 k ? std::to_string(k).c_str() : depthpack::kMapBucket, r.device().c_str(), int(r.graphs()), runs,
+                 depthpack::median(ms), depthpack::percentile(ms, 0.9));
   }
 }
 
@@ -174,14 +181,15 @@ bool report_check(depthpack::Runner& r, const std::string& path) {
   const depthpack::Manifest& m = r.manifest();
   const depthpack::Check c = depthpack::check_reference(r, path);
   std::fprintf(stderr, "check %s: %lld points%s, max abs diff %.3g (atol %g, rtol %g): %s\n", path.c_str(), (long long)c.points,
-               c.map ? " and the map" : "", c.max_abs_diff, m.atol, m.rtol, c.ok ? "OK" : "MISMATCH");
+               c.map_only ? " and the map (also map-only)" : c.map ? " and the map" : "", c.max_abs_diff, m.atol, m.rtol,
+               c.ok ? "OK" : "MISMATCH");
   return c.ok;
 }
 
 // --image: one image file, or a tensor file used as is.
 void predict_image(depthpack::Runner& r, const Args& a) {
   const depthpack::Manifest& m = r.manifest();
-  depthpack::io::Points pts = depthpack::io::read_points(a.points);
+  depthpack::io::Points pts = a.points.empty() ? depthpack::io::Points{} : depthpack::io::read_points(a.points);  // none: the map alone
   std::vector<float> depth(pts.xy.size() / 2);
   const auto [rows, cols] = r.map_size();
   if (!a.map.empty() && !rows) throw Error("--map " + a.map + ": these packages return no map (manifest \"map\")");
@@ -209,11 +217,13 @@ void predict_image(depthpack::Runner& r, const Args& a) {
     throw Error("image " + a.image + ": this build has no OpenCV, so --image must be a .safetensors file; rebuild with OpenCV to read image files");
 #endif
   }
-  std::ofstream file;
-  std::ostream& os = output(a, file);
-  os << "x,y,depth\n";
-  for (int64_t i = 0; i < pts.size(); ++i) os << pts.text[i].first << "," << pts.text[i].second << "," << fmt(depth[i]) << "\n";
-  if (!os.flush()) throw Error("writing the depths failed");
+  if (!a.points.empty() || !a.out.empty()) {  // the map alone (no --points) writes no depths to stdout
+    std::ofstream file;
+    std::ostream& os = output(a, file);
+    os << "x,y,depth\n";
+    for (int64_t i = 0; i < pts.size(); ++i) os << pts.text[i].first << "," << pts.text[i].second << "," << fmt(depth[i]) << "\n";
+    if (!os.flush()) throw Error("writing the depths failed");
+  }
   if (map_out) {
     std::ofstream mf(a.map);
     for (int64_t y = 0; y < rows; ++y)

@@ -94,6 +94,46 @@ void check_inputs(const Manifest& m, const Bucket& b, const std::string& where) 
   if (first != names) throw Error(where + ": inputs " + describe(b.inputs) + " differ from those of the first bucket");
 }
 
+// A package's entry: its file beside the manifest, sha256 and inputs (checked by the caller).
+Bucket package_entry(const Json& b, int64_t capacity, const fs::path& path, const std::string& wb) {
+  Bucket bucket;
+  bucket.capacity = capacity;
+  const std::string file = need(b, "file", Kind::string, wb).get<std::string>();
+  if (!plain_name(file)) throw Error(wb + ": file must be a plain file name, got \"" + file + "\"");
+  bucket.file = path.parent_path() / file;
+  bucket.sha256 = need(b, "sha256", Kind::string, wb).get<std::string>();
+  if (!is_sha256(bucket.sha256)) throw Error(wb + ": sha256 must be 64 lowercase hex digits");
+  bucket.inputs = specs(b["inputs"], wb + ": inputs");
+  return bucket;
+}
+
+// "map"'s map-only package (contract._check_map_package): format 5, a one-way model, every key, the
+// buckets' inputs without the points -> the map.
+void read_map_package(const Json& j, Manifest& m, const std::string& w) {
+  if (!j.contains("map") || !j["map"].is_object()) return;
+  const Json& mp = j["map"];
+  std::vector<std::string> present, missing;
+  for (const char* key : kMapPackageKeys) (mp.contains(key) ? present : missing).push_back(key);
+  if (present.empty()) return;
+  const std::string wm = w + ": map";
+  if (j["format"] != kFormat)
+    throw Error(wm + ": a map-only package needs format " + kFormat + ", this is " + j["format"].get<std::string>());
+  if (!missing.empty()) throw Error(wm + ": missing key \"" + missing.front() + "\" of the map-only package");
+  const Json& mc = j["model_config"];
+  if (!mc.is_object() || !mc.contains("glance_stream") || mc["glance_stream"] != "oneway")
+    throw Error(wm + ": a map-only package needs the one-way glance stream (model_config.glance_stream \"oneway\")");
+  Bucket b = package_entry(mp, 0, m.path, wm);
+  std::vector<TensorSpec> want_in;
+  for (const TensorSpec& t : m.buckets.front().inputs)
+    if (t.name != "points") want_in.push_back(t);
+  const std::vector<TensorSpec> out = specs(mp["outputs"], wm + ": outputs"),
+                                want_out = {{"map", "float32", {m.batch, m.map_rows, m.map_cols}}};
+  if (b.inputs != want_in || out != want_out)
+    throw Error(wm + ": the map-only package's tensors " + describe(b.inputs) + " -> " + describe(out) + " are not " +
+                describe(want_in) + " -> " + describe(want_out) + " (the buckets' inputs without the points)");
+  m.map_package = std::move(b);
+}
+
 void read_optional(const Json& j, Manifest& m, const std::string& w) {
   if (j.contains("frame") && !j["frame"].is_null()) {
     const Json& f = j["frame"];
@@ -146,7 +186,7 @@ Manifest parse_manifest(const std::string& text, const fs::path& path) {
   const std::string w = "manifest " + path.string();
   const Json j = io::parse_json(text, w);
   const Json* format = j.is_object() && j.contains("format") ? &j["format"] : nullptr;
-  if (!format || !format->is_string() || (*format != kFormat && *format != kFormatNoMap))
+  if (!format || !format->is_string() || (*format != kFormat && *format != kFormatShared && *format != kFormatNoMap))
     throw Error(w + ": not a " + kFormat + " manifest (format " + (format && format->is_string() ? format->dump() : "missing") +
                 "); re-export with this depthpack");
   std::vector<std::string> missing;
@@ -187,16 +227,10 @@ Manifest parse_manifest(const std::string& text, const fs::path& path) {
     const std::string wb = w + ": buckets[" + std::to_string(k) + "]";
     for (const char* key : kBucketKeys)
       if (!b.is_object() || !b.contains(key)) throw Error(wb + ": missing key \"" + key + "\"");
-    Bucket bucket;
-    bucket.capacity = as_int(need(b, "bucket", Kind::number_unsigned, wb), wb + ": bucket");
-    if (bucket.capacity < 1 || bucket.capacity > patches || (!m.buckets.empty() && bucket.capacity <= m.buckets.back().capacity))
+    const int64_t capacity = as_int(need(b, "bucket", Kind::number_unsigned, wb), wb + ": bucket");
+    if (capacity < 1 || capacity > patches || (!m.buckets.empty() && capacity <= m.buckets.back().capacity))
       throw Error(wb + ": buckets must be ascending integers in [1, " + std::to_string(patches) + "] (the image's patches)");
-    const std::string file = need(b, "file", Kind::string, wb).get<std::string>();
-    if (!plain_name(file)) throw Error(wb + ": file must be a plain file name, got \"" + file + "\"");
-    bucket.file = path.parent_path() / file;
-    bucket.sha256 = need(b, "sha256", Kind::string, wb).get<std::string>();
-    if (!is_sha256(bucket.sha256)) throw Error(wb + ": sha256 must be 64 lowercase hex digits");
-    bucket.inputs = specs(b["inputs"], wb + ": inputs");
+    Bucket bucket = package_entry(b, capacity, path, wb);
     check_inputs(m, bucket, wb);
     std::vector<TensorSpec> out = specs(b["outputs"], wb + ": outputs");
     std::vector<TensorSpec> want = {{"depth", "float32", {m.batch, bucket.capacity}}};
@@ -204,6 +238,7 @@ Manifest parse_manifest(const std::string& text, const fs::path& path) {
     if (out != want) throw Error(wb + ": outputs " + describe(out) + " differ from " + describe(want));
     m.buckets.push_back(std::move(bucket));
   }
+  read_map_package(j, m, w);
   const Json& ref = need(j, "reference", Kind::object, w);
   need(ref, "file", Kind::string, w + ": reference"), need(ref, "sha256", Kind::string, w + ": reference");
   // "weights": {"file": a plain name, "sha256": hex}; null was the older layout, weights compiled into each package

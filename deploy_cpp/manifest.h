@@ -1,6 +1,7 @@
 // manifest.h: manifest.json of an export folder, parsed and verified per the contract
-// (depthpack/deploy/contract.py). tests/deploy/test_cpp_runner.py holds the three marked lists
-// below to contract.FORMAT, REQUIRED_KEYS and BUCKET_KEYS.
+// (depthpack/deploy/contract.py). tests/deploy/test_cpp_runner.py holds the marked declarations
+// below to contract.FORMAT, FORMAT_SHARED, FORMAT_NO_MAP, REQUIRED_KEYS, BUCKET_KEYS, MAP_PACKAGE_KEYS
+// and MAP_BUCKET.
 #pragma once
 
 #include <array>
@@ -30,7 +31,9 @@ struct Error : std::runtime_error {
 };
 
 // contract: FORMAT
-inline constexpr const char* kFormat = "depthpack-manifest/4";
+inline constexpr const char* kFormat = "depthpack-manifest/5";
+// contract: FORMAT_SHARED
+inline constexpr const char* kFormatShared = "depthpack-manifest/4";  // shared-stream packages, no map-only package
 // contract: FORMAT_NO_MAP
 inline constexpr const char* kFormatNoMap = "depthpack-manifest/3";
 // contract: REQUIRED_KEYS
@@ -40,6 +43,10 @@ inline constexpr std::array<const char*, 19> kRequiredKeys = {
     "preprocess", "tolerance", "buckets", "reference", "weights"};
 // contract: BUCKET_KEYS
 inline constexpr std::array<const char*, 5> kBucketKeys = {"bucket", "file", "sha256", "inputs", "outputs"};
+// contract: MAP_PACKAGE_KEYS
+inline constexpr std::array<const char*, 4> kMapPackageKeys = {"file", "sha256", "inputs", "outputs"};
+// contract: MAP_BUCKET
+inline constexpr const char* kMapBucket = "map";  // the map-only package's depthpack.bucket metadata
 inline constexpr int64_t kMaxSize = 1 << 14, kMaxBatch = 1 << 12;  // contract.MAX_SIZE, MAX_BATCH
 
 // One tensor a package takes or returns: "images" float32 [B,3,H,W], "frames" uint8 [B,h,w,3],
@@ -51,10 +58,11 @@ struct TensorSpec {
 };
 
 struct Bucket {
-  int64_t capacity = 0;             // K: points per call
+  int64_t capacity = 0;             // K: points per call; 0: the map-only package (no points, returns the map)
   std::filesystem::path file;       // the .pt2 beside the manifest
   std::string sha256;
   std::vector<TensorSpec> inputs;   // in call order
+  std::string label() const { return capacity ? std::to_string(capacity) : kMapBucket; }  // its depthpack.bucket
 };
 
 // The packages' shared weights (manifest "weights"): a safetensors file beside the manifest whose
@@ -78,11 +86,14 @@ struct Manifest {
   int64_t map_rows = 0, map_cols = 0;     // "map": {"size": [rows, cols]}: the packages' second output,
                                           // the glance's depth map (0: none, or a format 3 manifest)
   std::vector<Bucket> buckets;            // ascending capacity; the same inputs but "points" in each
+  std::optional<Bucket> map_package;      // "map": {"file", "sha256", "inputs", "outputs"} (format 5, a one-way
+                                          // model): the map alone, the buckets' inputs without the points
   WeightsFile weights;                    // "weights": null (weights inside, an older export) is refused
 
   bool has_input(const std::string& name) const;
   bool takes_frames() const { return has_input("frames"); }
   bool has_map() const { return map_rows > 0; }
+  size_t packages() const { return buckets.size() + (map_package ? 1 : 0); }
 };
 
 // The manifest at path with every key a runner relies on checked; an Error names the file and key.

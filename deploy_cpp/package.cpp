@@ -88,12 +88,12 @@ std::string metadata_mismatch(const std::unordered_map<std::string, std::string>
   const std::string *bucket = get("depthpack.bucket"), *inputs = get("depthpack.inputs");
   if (!bucket || !inputs)
     return "has no depthpack.bucket / depthpack.inputs metadata (an older export): re-export it with this depthpack";
-  if (*bucket != std::to_string(b.capacity))
-    return "was built for bucket " + *bucket + ", the manifest lists it as bucket " + std::to_string(b.capacity) +
+  if (*bucket != b.label())
+    return "was built for bucket " + *bucket + ", the manifest lists it as bucket " + b.label() +
            " (a wrong bucket-to-file mapping; re-export)";
   std::vector<TensorSpec> got = parse_specs(*inputs, "depthpack.inputs metadata");
   if (got != b.inputs)
-    return "takes inputs " + describe(got) + ", the manifest lists " + describe(b.inputs) + " for bucket " + std::to_string(b.capacity);
+    return "takes inputs " + describe(got) + ", the manifest lists " + describe(b.inputs) + " for bucket " + b.label();
   return "";
 }
 
@@ -161,12 +161,14 @@ void Package::load_constants(const WeightsData& weights, c10::Device device) {
 }
 
 void Package::keep(std::vector<at::Tensor> outs) {
-  const size_t want = m_.has_map() ? 2 : 1;
+  const bool map_only = b_.capacity == 0;  // the map-only package: the map alone
+  const size_t want = !map_only && m_.has_map() ? 2 : 1;
   if (outs.size() != want)
     throw Error("package " + b_.file.string() + " returned " + std::to_string(outs.size()) + " outputs, the manifest lists " +
                 std::to_string(want));
-  out_ = outs[0];
-  if (m_.has_map()) map_ = outs[1];
+  if (map_only) map_ = outs[0];
+  else out_ = outs[0];
+  if (want == 2) map_ = outs[1];
 }
 
 const at::Tensor& Package::run(const std::vector<at::Tensor>& inputs, void* stream) {
@@ -188,14 +190,14 @@ const at::Tensor& Package::run(const std::vector<at::Tensor>& inputs, void* stre
     cuda_graph_->replay();
 #endif
   }
-  if (out_.sizes().vec() != std::vector<int64_t>{m_.batch, b_.capacity} || out_.scalar_type() != at::kFloat)
+  if (b_.capacity && (out_.sizes().vec() != std::vector<int64_t>{m_.batch, b_.capacity} || out_.scalar_type() != at::kFloat))
     throw Error("package " + b_.file.string() + " returned " + shape_str(out_.sizes()) + " " +
                 std::string(c10::toString(out_.scalar_type())) + ", expected depth float32 [" +
                 std::to_string(m_.batch) + "," + std::to_string(b_.capacity) + "]");
   if (m_.has_map() && (map_.sizes().vec() != std::vector<int64_t>{m_.batch, m_.map_rows, m_.map_cols} || map_.scalar_type() != at::kFloat))
     throw Error("package " + b_.file.string() + " returned a map " + shape_str(map_.sizes()) + ", expected float32 [" +
                 std::to_string(m_.batch) + "," + std::to_string(m_.map_rows) + "," + std::to_string(m_.map_cols) + "]");
-  return out_;
+  return b_.capacity ? out_ : map_;
 }
 
 void Package::rerun(const std::vector<at::Tensor>& inputs, void* stream) {

@@ -41,9 +41,9 @@ class Package {
   // record (dtype, shape, byte range) before it is copied in: the package keeps its own copy, so
   // weights may go after this.
   void load_constants(const WeightsData& weights, c10::Device device);
-  // depth [B,K] on the device for inputs in the manifest's call order. With a graph the inputs
-  // must be the same tensors on every call (static buffers): the first call captures, later ones
-  // replay. The result stays valid until the next call.
+  // depth [B,K] on the device for inputs in the manifest's call order (the map-only package: its map
+  // [B,rows,cols]). With a graph the inputs must be the same tensors on every call (static buffers):
+  // the first call captures, later ones replay. The result stays valid until the next call.
   const at::Tensor& run(const std::vector<at::Tensor>& inputs, void* stream);
   const at::Tensor& map() const { return map_; }  // the glance's map [B,rows,cols] of the last run (manifest "map")
   void rerun(const std::vector<at::Tensor>& inputs, void* stream);  // for timing: replay or run again

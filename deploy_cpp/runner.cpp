@@ -119,11 +119,11 @@ struct Runner::Impl {
     s.package = std::make_unique<detail::Package>(m, b, device, graph);
     if (!weights) weights.emplace(m.weights);
     s.package->load_constants(*weights, device);
-    s.points = alloc({m.batch, b.capacity, 2}, at::kFloat, false);
+    if (b.capacity) s.points = alloc({m.batch, b.capacity, 2}, at::kFloat, false);  // the map-only package: none
     for (const TensorSpec& t : b.inputs) s.inputs.push_back(t.name == "points" ? s.points : t.name == "focal" ? focal : image);
     used.push_back(b.capacity);
     Slot& out = slots.emplace(b.capacity, std::move(s)).first->second;
-    if (slots.size() == m.buckets.size()) weights.reset();  // no package left to load: free the file's bytes
+    if (slots.size() == m.packages()) weights.reset();  // no package left to load: free the file's bytes
     return out;
   }
 
@@ -166,13 +166,15 @@ struct Runner::Impl {
   }
 
   // depth [rows,n] for points [rows,n,2] in the packages' pixels (rows 1: repeated over the batch), and
-  // with map the first chunk's glance map [rows,map rows,map cols]; n = 0 with a map runs one point (0, 0).
-  void run(const float* xy, int64_t rows, int64_t n, float* depth, float* map) {
+  // with map the first chunk's glance map [rows,map rows,map cols]. n = 0 with a map: the map-only package
+  // where the manifest has one, else one point, centre (the input's centre in the packages' pixels).
+  void run(const float* xy, int64_t rows, int64_t n, float* depth, float* map, const float* centre) {
     if (map && !m.has_map()) throw Error("a map was asked for, but these packages return none (manifest \"map\"): re-export "
                                          "a model trained with model.glance_depth");
-    const float origin[2] = {0.0f, 0.0f};
     const bool map_only = n == 0 && map;
-    if (map_only) xy = origin, rows = 1, n = 1;
+    if (map_only && m.map_package) return run_map(rows, map);
+    const int64_t xy_rows = map_only ? 1 : rows;  // the centre, one point for every row
+    if (map_only) xy = centre, n = 1;
     const int64_t B = m.batch, kmax = m.buckets.back().capacity, chunks = (n + kmax - 1) / kmax;
     if (n == 0) return;
     if (map && !map_host.defined()) map_host = alloc({B, m.map_rows, m.map_cols}, at::kFloat, true);
@@ -186,7 +188,7 @@ struct Runner::Impl {
         Slot& slot_k = slot(bucket_for(cn));
         float* p = points_host.data_ptr<float>() + c * B * kmax * 2;
         for (int64_t r = 0; r < B; ++r) {  // pad_points: copies of the chunk's first point
-          const float* src = xy + ((rows == 1 ? 0 : r) * n + s) * 2;
+          const float* src = xy + ((xy_rows == 1 ? 0 : r) * n + s) * 2;
           float* dst = p + r * K * 2;
           std::memcpy(dst, src, size_t(cn) * 2 * sizeof(float));
           for (int64_t i = cn; i < K; ++i) dst[2 * i] = src[0], dst[2 * i + 1] = src[1];
@@ -208,6 +210,20 @@ struct Runner::Impl {
       const int64_t s = c * kmax, cn = std::min(kmax, n - s), K = bucket_for(cn).capacity;
       for (int64_t r = 0; r < rows; ++r) std::memcpy(depth + r * n + s, dh + c * B * kmax + r * K, size_t(cn) * sizeof(float));
     }
+  }
+
+  // The map-only package: the map [rows,map rows,map cols] of the staged inputs, no points.
+  void run_map(int64_t rows, float* map) {
+    Slot& s = slot(*m.map_package);
+    if (!map_host.defined()) map_host = alloc({m.batch, m.map_rows, m.map_cols}, at::kFloat, true);
+    try {
+      map_host.copy_(s.package->run(s.inputs, stream_handle()), /*non_blocking=*/true);
+    } catch (...) {
+      sync();
+      throw;
+    }
+    sync();
+    std::memcpy(map, map_host.data_ptr<float>(), size_t(rows * m.map_rows * m.map_cols) * sizeof(float));
   }
 };
 
@@ -240,7 +256,8 @@ void Runner::predict(const Frame& f, const float* xy, int64_t n, float* depth, s
   // image packages: the frame's focal scaled to the model's pixels (core.preprocess.scale_focal)
   r.stage_focal(focal, frames ? 1.0 : std::sqrt((double(r.m.W) / double(f.width)) * (double(r.m.H) / double(f.height))));
   r.stage_frame(f);
-  r.run(r.scaled.data(), 1, n, depth, map);
+  const float centre[2] = {float(double(f.width) / 2) * sx, float(double(f.height) / 2) * sy};  // scaled as the points
+  r.run(r.scaled.data(), 1, n, depth, map, centre);
 }
 
 void Runner::predict_inputs(const void* image, int64_t rows, const float* xy, int64_t n, float* depth,
@@ -259,7 +276,8 @@ void Runner::predict_inputs(const void* image, int64_t rows, const float* xy, in
   shape[0] = rows;
   r.stage_focal(focal, 1.0);
   r.image.copy_(at::from_blob(const_cast<void*>(image), shape, r.image.scalar_type()).expand_as(r.image));
-  r.run(xy, rows, n, depth, map);
+  const float centre[2] = {lim_x / 2, lim_y / 2};
+  r.run(xy, rows, n, depth, map, centre);
 }
 
 std::vector<double> Runner::bench(int64_t bucket, int runs) {

@@ -56,7 +56,9 @@ class Runner {
   // pixels for image packages, as the points are; default: the manifest's "focal" default). It must
   // be finite and > 0; packages without a focal input ignore it. map: where to write the glance's
   // depth map [rows,cols] (map_size(); meters, row-major) from the same call, or null; packages
-  // without one (manifest "map") refuse a map buffer. Throws depthpack::Error on bad input, naming it.
+  // without one (manifest "map") refuse a map buffer. n = 0 with a map: the map alone, from the
+  // map-only package where the manifest has one (a one-way model), else from one point, the frame's
+  // centre (w/2, h/2), as Python's Predictor runs it. Throws depthpack::Error on bad input, naming it.
   void predict(const Frame& frame, const float* xy, int64_t n, float* depth, std::optional<float> focal = {},
                float* map = nullptr);
 #ifdef DEPTHPACK_WITH_OPENCV
@@ -70,7 +72,7 @@ class Runner {
   // The packages' own input, already preprocessed: `rows` (1: repeated over the batch, or the
   // batch) of "images" float32 [3,H,W] RGB in [0,1] at the model's size, or of "frames" uint8
   // [h,w,3] in the manifest's channel order; xy [rows,n,2] and focal in those pixels; depth [rows,n];
-  // map [rows,map rows,map cols] or null.
+  // map [rows,map rows,map cols] or null (n = 0: as predict's, the centre of the packages' input).
   void predict_inputs(const void* image, int64_t rows, const float* xy, int64_t n, float* depth,
                       std::optional<float> focal = {}, float* map = nullptr);
 

@@ -10,6 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::answer([&] {
     const Manifest m = parse_manifest(text, "export/manifest.json");
     describe(m.buckets.front().inputs), m.takes_frames();  // what the runner reads of it next
+    if (m.map_package) describe(m.map_package->inputs), m.map_package->label();
   });
   fuzz::answer([&] { describe(parse_specs(text, "depthpack.inputs")); });
   fuzz::answer([&] {

@@ -1,6 +1,6 @@
 """Seeds of the fuzz targets from real exports (the committed corpus/<target>/seed_* files).
 
-    .venv/bin/python deploy_cpp/fuzz/make_seeds.py EXPORT_IMAGES EXPORT_FRAMES EXPORT_MAP
+    .venv/bin/python deploy_cpp/fuzz/make_seeds.py EXPORT_IMAGES EXPORT_FRAMES EXPORT_MAP [EXPORT_ONEWAY]
 
 EXPORT_IMAGES, EXPORT_FRAMES, EXPORT_MAP: folders written by export/export.py --preset tiny (the second
 with --frame-size 96x80 --frame-format bgr8, the third with --model context=glance,glance_grid=4,
@@ -8,6 +8,9 @@ glance_depth=true,query_head=residual: packages with a map). Writes, for each ta
 and package metadata (manifest), the reference files and a weights file cut to its small tensors,
 and that file's header alone (safetensors), the reference points (points), a reference frame whole
 and cut short, and the reference PNG (frames; the first two bytes choose the frame size).
+EXPORT_ONEWAY (a depthpack-manifest/5 export of a one-way model, the tiny preset's default since): its
+manifest and its map-only package's depthpack.inputs (seed_oneway_*). The committed images, frames and
+map seeds were written before it, as format 4 manifests: they stay, the seeds of the older format.
 """
 from __future__ import annotations
 
@@ -34,7 +37,10 @@ def write(target: str, name: str, data: bytes) -> None:
     (d / f"seed_{name}").write_bytes(data)
 
 
-def main(images: Path, frames: Path, maps: Path) -> None:
+def main(images: Path, frames: Path, maps: Path, oneway: Path | None = None) -> None:
+    if oneway is not None:
+        write("manifest", "oneway_manifest.json", (oneway / "manifest.json").read_bytes())
+        write("manifest", "oneway_map_inputs.json", package_metadata(oneway / "depthpack_map.pt2")["depthpack.inputs"].encode())
     for tag, d in (("images", images), ("frames", frames), ("map", maps)):
         write("manifest", f"{tag}_manifest.json", (d / "manifest.json").read_bytes())
         meta = package_metadata(d / "depthpack_k8.pt2")
@@ -56,6 +62,6 @@ def main(images: Path, frames: Path, maps: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
-    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    main(*map(Path, sys.argv[1:]))

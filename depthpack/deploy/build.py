@@ -33,16 +33,17 @@ import torch
 from tqdm import tqdm
 
 from ..core.checkpoint import load_model
-from ..core.config import PRESETS, ModelConfig, model_config, to_dict
+from ..core.config import PRESETS, ModelConfig, model_config, stored_model_config, to_dict
 from ..core.fast import Recipe, resolve
 from ..core.files import atomic_write_bytes, atomic_write_json, publish_dir, publish_into, sha256_file, staging_dir
 from ..core.model import DepthPack, create_model, random_weights_
-from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, PREPROCESS, REFERENCE,
-                       REFERENCE_IMAGE, REFERENCE_POINTS, TOLERANCE, WEIGHTS, io_specs, onnx_name, package_name,
-                       read_manifest, verify_file)
+from .contract import (DTYPES, FORMAT, FRAME_FORMATS, MANIFEST, MAP_BUCKET, MAP_PACKAGE, MAP_PACKAGE_KEYS, PACKAGE_BUCKET,
+                       PACKAGE_CONSTANTS, PACKAGE_INPUTS, PREPROCESS, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS,
+                       TOLERANCE, WEIGHTS, io_specs, map_package, map_specs, onnx_name, package_name, read_manifest,
+                       verify_file)
 from .onnx import export_onnx
 from .package import (ExportError, PackedForward, check_constants, compile_packages, constant_specs, export_program,
-                      manifest_focal, package_constants)
+                      has_map_package, manifest_focal, package_constants, package_label)
 from .reference import write_reference
 from .selfcheck import finish_self_check, start_self_check
 
@@ -185,7 +186,8 @@ def check_out_dir(out: Path) -> None:
     if not out.is_dir():
         return
     names = {p.name for p in out.iterdir()}
-    ours = {MANIFEST, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, WEIGHTS, ".tmp_packages", ".manifest.unchecked.json"}
+    ours = {MANIFEST, REFERENCE, REFERENCE_IMAGE, REFERENCE_POINTS, WEIGHTS, MAP_PACKAGE, ".tmp_packages",
+            ".manifest.unchecked.json"}
     foreign = sorted(n for n in names if n not in ours and not n.startswith((".selfcheck_", ".staging-"))
                      and not (n.startswith("depthpack_k") and n.endswith((".pt2", ".onnx"))))
     if foreign and MANIFEST not in names:
@@ -209,7 +211,8 @@ def frame_of(opts: ExportOptions) -> dict | None:
 
 
 def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.device, buckets, bucket_entries,
-                   reference: dict, onnx_entries: list, weights: dict | None = None) -> dict:
+                   reference: dict, onnx_entries: list, weights: dict | None = None, map_entry: dict | None = None) -> dict:
+    """The manifest (contract.FORMAT); map_entry: the map-only package's MAP_PACKAGE_KEYS, beside the map's size."""
     dtype = opts.compute_dtype(device)
     mcfg = to_dict(cfg)
     mcfg["buckets"] = list(buckets)
@@ -222,7 +225,7 @@ def build_manifest(cfg: ModelConfig, preset, opts: ExportOptions, device: torch.
         "arch": platform.machine(), "dtype": dtype, "torch_version": torch.__version__,
         "min_depth": cfg.min_depth, "max_depth": cfg.max_depth, "frame": frame_of(opts),
         **({"focal": manifest_focal(cfg, frame_of(opts))} if cfg.uses_focal else {}),
-        **({"map": {"size": list(cfg.glance_map_size)}} if cfg.glance_depth else {}),
+        **({"map": {"size": list(cfg.glance_map_size), **(map_entry or {})}} if cfg.glance_depth else {}),
         "preprocess": dict(PREPROCESS), "tolerance": dict(TOLERANCE[dtype]),
         "buckets": sorted(bucket_entries, key=lambda b: b["bucket"]),
         "build": {"recipe": {**opts.recipe_for(device).kernels, "inductor": opts.recipe_for(device).inductor_options()}},
@@ -251,7 +254,7 @@ def reusable_packages(old: Path, new: dict) -> dict:
         raise ExportError(f"--reuse-packages {old}: its packages hold their weights (an older export layout); "
                           f"export without --reuse-packages")
     for key in REUSE_KEYS:
-        a, b = m.get(key), new.get(key)
+        a, b = (m.get(key), new.get(key)) if key != "model_config" else (_as_stored(m[key]), _as_stored(new[key]))
         if a != b:
             if isinstance(a, dict) and isinstance(b, dict):  # name the inner key: model_config.depth, say
                 inner = next(k for k in [*a, *b] if a.get(k) != b.get(k))
@@ -260,6 +263,14 @@ def reusable_packages(old: Path, new: dict) -> dict:
                               f"{json.dumps(b)[:200]}: its packages are not this model's; export without "
                               f"--reuse-packages")
     return m
+
+
+def _as_stored(model_cfg) -> dict:
+    """A manifest's model_config with what its packages ran where a field is absent (stored_model_config)."""
+    try:
+        return to_dict(stored_model_config(model_cfg))
+    except (ValueError, TypeError):
+        return model_cfg  # refused by the comparison, naming the field
 
 
 def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log=print) -> dict:
@@ -317,9 +328,10 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     t_all = time.perf_counter()
     inductor_configs = recipe.inductor_options()
     if reused is not None:  # the same build (reusable_packages): these settings are the packages' own
-        entries = _copy_packages(Path(opts.reuse_packages), reused, out, log)
+        entries, map_entry = _copy_packages(Path(opts.reuse_packages), reused, out, log)
     else:
-        entries = _compile(deployed, opts, device, buckets, frame, g, weights, inductor_configs, out, times, log)
+        entries, map_entry = _compile(deployed, opts, device, buckets, frame, g, weights, inductor_configs, out, times,
+                                      log)
     from safetensors.torch import save
 
     atomic_write_bytes(out / WEIGHTS, save(weights))  # the umask's mode, readable by a robot's service user
@@ -329,7 +341,7 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     # the manifest of the packages, checked by a child process while the ONNX files are exported here;
     # then written again with the ONNX entries (the folder is staged: a runner sees only the final one)
     atomic_write_json(out / MANIFEST, build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, [],
-                                                     weights_entry), sort_keys=False)
+                                                     weights_entry, map_entry), sort_keys=False)
     t0 = time.perf_counter()
     log("self-check: loading the packages in a child process (python -m depthpack.runtime.aoti --check)"
         + (", beside the ONNX export" if onnx_buckets else ""))
@@ -344,7 +356,8 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
     report = finish_self_check(pending)
     times["check_s"] = round(time.perf_counter() - t0, 2)  # with the ONNX export beside it
     if onnx_entries:
-        manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries, weights_entry)
+        manifest = build_manifest(model.cfg, preset, opts, device, buckets, entries, reference, onnx_entries, weights_entry,
+                                  map_entry)
         atomic_write_json(out / MANIFEST, manifest, sort_keys=False)
     times["total_s"] = round(time.perf_counter() - t_all, 2)
     log(f"self-check ok ({report['checker']}): fresh inputs {report['buckets']}, reference {report['reference']}")
@@ -354,30 +367,38 @@ def _build(model: DepthPack, opts: ExportOptions, preset, device, buckets, onnx_
             "onnx": [{k: e[k] for k in ("bucket", "exporter", "max_abs_diff")} for e in onnx_entries]}
 
 
+def specs_of(cfg: ModelConfig, batch: int, k: int | None, frame: dict | None) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of bucket k's package, or (k None) of the map-only package."""
+    dmap = cfg.glance_map_size if cfg.glance_depth else None
+    if k is None:
+        return map_specs(cfg.img_size, batch, frame, cfg.uses_focal, dmap)
+    return io_specs(cfg.img_size, batch, k, frame, cfg.uses_focal, dmap)
+
+
 def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g, weights, inductor_configs: dict,
-             out: Path, times: dict, log) -> list[dict]:
-    """Per bucket: torch.export, the static-graph check, AOTInductor; the manifest entries."""
+             out: Path, times: dict, log) -> tuple[list[dict], dict | None]:
+    """Per bucket, and for the map-only package (has_map_package): torch.export, the static-graph check,
+    AOTInductor; (the buckets' manifest entries, the map-only package's or None)."""
     entries, jobs = [], []
-    for k in tqdm(buckets, desc=f"torch.export {device.type} {opts.compute_dtype(device)}", unit="bucket", file=sys.stderr):
+    ks = [*buckets, *([None] if has_map_package(deployed.cfg) else [])]
+    for k in tqdm(ks, desc=f"torch.export {device.type} {opts.compute_dtype(device)}", unit="package", file=sys.stderr):
         t0 = time.perf_counter()
         ep = export_program(deployed, k, opts.batch, device, g, frame)
         check_constants(ep, weights, k)
-        times["export_s"][k] = round(time.perf_counter() - t0, 2)
-        cfg = deployed.cfg
-        inputs, outputs = io_specs(cfg.img_size, opts.batch, k, frame, cfg.uses_focal,
-                                   cfg.glance_map_size if cfg.glance_depth else None)
-        path = out / package_name(k)
-        metadata = {PACKAGE_BUCKET: str(k), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":")),
+        times["export_s"][k or MAP_BUCKET] = round(time.perf_counter() - t0, 2)
+        inputs, outputs = specs_of(deployed.cfg, opts.batch, k, frame)
+        path = out / (MAP_PACKAGE if k is None else package_name(k))
+        metadata = {PACKAGE_BUCKET: str(k or MAP_BUCKET), PACKAGE_INPUTS: json.dumps(inputs, separators=(",", ":")),
                     PACKAGE_CONSTANTS: json.dumps(constant_specs(ep), separators=(",", ":"))}
-        jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "bucket": k, "metadata": metadata})
+        jobs.append({"ep": ep, "path": path, "inductor_configs": inductor_configs, "k": k, "metadata": metadata})
         entries.append({"bucket": k, "file": path.name, "inputs": inputs, "outputs": outputs})
     workers = opts.compile_workers if opts.compile_workers is not None else max(1, min(len(jobs), (os.cpu_count() or 1) // 4))
     bar = tqdm(total=len(jobs), desc=f"AOTInductor {device.type} {opts.compute_dtype(device)} ({workers} at once)", unit="package",
                file=sys.stderr)
 
     def done(job, seconds):
-        times["compile_s"][job["bucket"]] = round(seconds, 2)
-        log(f"bucket {job['bucket']}: AOTInductor compile {seconds:.1f} s -> {job['path'].name}")
+        times["compile_s"][job["k"] or MAP_BUCKET] = round(seconds, 2)
+        log(f"{package_label(job['k'])}: AOTInductor compile {seconds:.1f} s -> {job['path'].name}")
         bar.update(1)
     try:
         compile_packages(jobs, workers, done)
@@ -385,16 +406,20 @@ def _compile(deployed: DepthPack, opts: ExportOptions, device, buckets, frame, g
         bar.close()
     for e in entries:
         e["sha256"] = sha256_file(out / e["file"])
-    return [{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries]
+    return ([{k: e[k] for k in ("bucket", "file", "sha256", "inputs", "outputs")} for e in entries if e["bucket"]],
+            next(({k: e[k] for k in MAP_PACKAGE_KEYS} for e in entries if e["bucket"] is None), None))
 
 
-def _copy_packages(old: Path, manifest: dict, out: Path, log) -> list[dict]:
-    """The earlier export's packages, each checked against its manifest's sha256, copied into out."""
-    for b in manifest["buckets"]:
+def _copy_packages(old: Path, manifest: dict, out: Path, log) -> tuple[list[dict], dict | None]:
+    """The earlier export's packages (the map-only package too), each checked against its manifest's sha256,
+    copied into out; (the buckets' entries, the map-only package's or None)."""
+    mapped = map_package(manifest)
+    entries = [*manifest["buckets"], *([mapped] if mapped else [])]
+    for b in entries:
         try:
             verify_file(old / b["file"], b["sha256"], "package")
         except ValueError as e:
             raise ExportError(f"--reuse-packages {old}: {e}") from None
         shutil.copyfile(old / b["file"], out / b["file"])
-    log(f"packages of {old} reused ({', '.join(b['file'] for b in manifest['buckets'])}): no compile")
-    return [dict(b) for b in manifest["buckets"]]
+    log(f"packages of {old} reused ({', '.join(b['file'] for b in entries)}): no compile")
+    return [dict(b) for b in manifest["buckets"]], ({k: mapped[k] for k in MAP_PACKAGE_KEYS} if mapped else None)

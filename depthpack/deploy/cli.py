@@ -83,5 +83,5 @@ def _main(argv=None) -> int:
 
 def main(argv=None) -> int:
     """ExportError, CheckpointError, config errors (ValueErrors that say what is wrong): one line, exit 1."""
-    return cli.run("export", _main, argv)
+    return cli.run("export", _main, argv, sigterm=True)
 

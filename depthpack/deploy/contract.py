@@ -25,6 +25,13 @@ format 4), the glance's depth map float32 [B,rows,cols] of the same buffer; norm
 compute dtype are inside. Format 3 manifests (before the map) are read as packages without one. Each
 package also carries its bucket and input specs in its own metadata (PACKAGE_METADATA), so a
 manifest entry that names the wrong package is caught when it loads.
+
+Format 5 (the one-way glance stream, model_config.glance_stream): a one-way model's map is one map per
+image whatever the points, so its export adds a map-only package (MAP_PACKAGE; "map" then also holds
+its MAP_PACKAGE_KEYS): the buckets' inputs without the points -> map float32 [B,rows,cols]; its
+PACKAGE_BUCKET is MAP_BUCKET. A map-only call (no points) runs it; without one (a shared-stream model,
+or a format 3 or 4 manifest, whose packages are shared-stream packages) every runner runs one point,
+the centre of its input (w/2, h/2) in the input's pixels, and returns that buffer's map.
 """
 from __future__ import annotations
 
@@ -38,9 +45,10 @@ import torch
 from ..core.files import sha256_file
 from ..core.preprocess import focal_factor
 
-FORMAT = "depthpack-manifest/4"
+FORMAT = "depthpack-manifest/5"
+FORMAT_SHARED = "depthpack-manifest/4"  # before the one-way stream: read as shared-stream packages, no map-only package
 FORMAT_NO_MAP = "depthpack-manifest/3"  # the same contract before the map: read as packages without one
-FORMATS_READ = (FORMAT_NO_MAP, FORMAT)
+FORMATS_READ = (FORMAT_NO_MAP, FORMAT_SHARED, FORMAT)
 MANIFEST = "manifest.json"
 REFERENCE = "reference.safetensors"
 REFERENCE_IMAGE = "reference.png"
@@ -57,6 +65,8 @@ OPTIONAL_KEYS = ("onnx", "build", "focal", "map")  # build: the fast paths and I
 # (frames: the frame; images: the model's image), present when the packages take a "focal" input
 FOCAL_UNITS = "pixels of the input"
 BUCKET_KEYS = ("bucket", "file", "sha256", "inputs", "outputs")
+MAP_PACKAGE_KEYS = ("file", "sha256", "inputs", "outputs")  # in "map" beside "size" (format 5): the map-only package
+MAP_PACKAGE, MAP_BUCKET = "depthpack_map.pt2", "map"  # its file name, and its PACKAGE_BUCKET metadata
 TENSOR_DTYPES = ("float32", "uint8")
 FRAME_FORMATS = {"bgr8": "bgr", "rgb8": "rgb"}  # the exporter's --frame-format -> the manifest's frame color
 # keys of the package's own metadata (aot_inductor.metadata): its bucket, its inputs as JSON, and the
@@ -86,6 +96,13 @@ def onnx_name(bucket: int) -> str:
 
 def tensor_spec(name: str, shape, dtype: str = "float32") -> dict:
     return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype}
+
+
+def map_specs(image_size: tuple[int, int], batch: int, frame: dict | None, focal: bool,
+              map_size: tuple[int, int]) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of the map-only package: the buckets' inputs without the points -> the map."""
+    inputs, outputs = io_specs(image_size, batch, 1, frame, focal, map_size)
+    return [t for t in inputs if t["name"] != "points"], outputs[1:]
 
 
 def io_specs(image_size: tuple[int, int], batch: int, bucket: int, frame: dict | None = None,
@@ -126,6 +143,7 @@ def read_manifest(path: str | Path) -> dict:
     _check_model(m, w)
     _check_inputs(m, w)
     _check_buckets(m, w)
+    _check_map_package(m, w)
     _check_files(m, w)
     return m
 
@@ -200,6 +218,43 @@ def map_size(m: dict) -> tuple[int, int] | None:
     return tuple(m["map"]["size"]) if m.get("map") else None
 
 
+def map_package(m: dict) -> dict | None:
+    """The map-only package's entry (file, sha256, inputs, outputs) of a read manifest, or None."""
+    return m["map"] if m.get("map") and "file" in m["map"] else None
+
+
+def glance_stream(m: dict) -> str:
+    """The packages' glance stream: model_config's, "shared" where it is absent (format 3 and 4 manifests)."""
+    mc = m["model_config"]
+    return (mc.get("glance_stream") or "shared") if isinstance(mc, dict) else "shared"
+
+
+def _check_map_package(m: dict, w: str) -> None:
+    """The map-only package, where "map" names one: format 5, a one-way model, the keys, its specs."""
+    dmap = m.get("map") or {}
+    present = [k for k in MAP_PACKAGE_KEYS if k in dmap]
+    if not present:
+        return
+    _need(m["format"] == FORMAT, w, f"map: a map-only package ({', '.join(present)}) needs format {FORMAT}, "
+                                    f"this is {m['format']}")
+    _need(len(present) == len(MAP_PACKAGE_KEYS), w,
+          f"map: missing keys {[k for k in MAP_PACKAGE_KEYS if k not in dmap]} of the map-only package")
+    _need(glance_stream(m) == "oneway", w, "map: a map-only package needs the one-way glance stream "
+                                           "(model_config.glance_stream 'oneway')")
+    _need(_plain_name(dmap["file"]), w, f"map: file must be a plain file name, got {dmap['file']!r}")
+    _need(_sha256(dmap["sha256"]), w, "map: sha256 must be 64 lowercase hex digits")
+    first = m["buckets"][0]["inputs"]
+    want_in, want_out = map_specs(tuple(m["image_size"]), m["batch_size"], m["frame"], m.get("focal") is not None,
+                                  map_size(m))
+    _need(dmap["inputs"] == want_in and dmap["outputs"] == want_out, w,
+          f"map: the map-only package's tensors {_shapes(dmap['inputs'])!r} -> {_shapes(dmap['outputs'])!r} are not "
+          f"{_shapes(want_in)} -> {_shapes(want_out)} (the buckets' inputs {_shapes(first)} without the points)")
+
+
+def _shapes(specs):
+    return [t.get("shape") if isinstance(t, dict) else t for t in specs] if isinstance(specs, list) else specs
+
+
 def _check_buckets(m: dict, w: str) -> None:
     """One package per bucket, ascending, each with the inputs and outputs io_specs gives its bucket."""
     patches = (m["image_size"][0] // m["patch_size"]) * (m["image_size"][1] // m["patch_size"])
@@ -219,10 +274,8 @@ def _check_buckets(m: dict, w: str) -> None:
         want_in, want_out = io_specs(tuple(m["image_size"]), m["batch_size"], b["bucket"], m["frame"],
                                      m.get("focal") is not None, map_size(m))
         if b["inputs"] != want_in or b["outputs"] != want_out:
-            def shapes(specs):
-                return [t.get("shape") if isinstance(t, dict) else t for t in specs] if isinstance(specs, list) else specs
-            raise ManifestError(f"{wb}: tensor shapes {shapes(b['inputs'])!r} -> {shapes(b['outputs'])!r} are not those "
-                                f"of bucket {b['bucket']}: {shapes(want_in)} -> {shapes(want_out)}")
+            raise ManifestError(f"{wb}: tensor shapes {_shapes(b['inputs'])!r} -> {_shapes(b['outputs'])!r} are not those "
+                                f"of bucket {b['bucket']}: {_shapes(want_in)} -> {_shapes(want_out)}")
 
 
 def _check_files(m: dict, w: str) -> None:

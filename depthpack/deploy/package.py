@@ -24,7 +24,24 @@ class ExportError(ValueError):
     """Anything that stops an export: the message says what and what to do."""
 
 
-class PackedForward(nn.Module):
+class _Forward(nn.Module):
+    """A package's function over the model: its inputs in the model's terms first (model_inputs)."""
+
+    def __init__(self, model: DepthPack, frame: dict | None = None):
+        super().__init__()
+        self.model, self.frame = model, frame
+
+    def model_inputs(self, inputs: torch.Tensor, points: torch.Tensor | None, focal: torch.Tensor | None):
+        """(images, points, focal) at the model's size: frames preprocessed, points and focal scaled."""
+        if self.frame is None:
+            return inputs, points, focal
+        size, frame_size = tuple(self.model.cfg.img_size), tuple(self.frame["size"])
+        return (frames_to_images(inputs, size, self.frame["color"]),
+                scale_points(points, frame_size, size) if points is not None else None,
+                scale_focal(focal, frame_size, size) if focal is not None else None)
+
+
+class PackedForward(_Forward):
     """The exported function: images [B,3,H,W] f32 (or, with frame, uint8 frames [B,h,w,3] in the
     frame's channel order, preprocessed inside), points [B,K,2] f32 in their pixels, and for a model
     with a focal input focal [B] f32 in their pixels (0 = unknown) -> depth [B,K] f32, and for a model
@@ -32,17 +49,37 @@ class PackedForward(nn.Module):
     default is used (a model without a focal input ignores it)."""
 
     def __init__(self, model: DepthPack, bucket: int, frame: dict | None = None):
-        super().__init__()
-        self.model, self.bucket, self.frame = model, bucket, frame
+        super().__init__(model, frame)
+        self.bucket = bucket
 
     def forward(self, inputs: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
-        if self.frame is not None:
-            size, frame_size = tuple(self.model.cfg.img_size), tuple(self.frame["size"])
-            inputs, points = frames_to_images(inputs, size, self.frame["color"]), scale_points(points, frame_size, size)
-            focal = scale_focal(focal, frame_size, size) if focal is not None else None
+        images, points, focal = self.model_inputs(inputs, points, focal)
         if self.model.cfg.glance_depth:
-            return self.model.packed_map_core(inputs, points, self.bucket, focal)
-        return self.model.packed_core(inputs, points, self.bucket, focal)
+            return self.model.packed_map_core(images, points, self.bucket, focal)
+        return self.model.packed_core(images, points, self.bucket, focal)
+
+
+class MapForward(_Forward):
+    """The map-only package's function (a one-way model with a glance depth): PackedForward's inputs without
+    the points -> map [B,rows,cols] f32, the one-way glance alone (DepthPack.glance_map_core)."""
+
+    def forward(self, inputs: torch.Tensor, focal: torch.Tensor | None = None) -> torch.Tensor:
+        images, _, focal = self.model_inputs(inputs, None, focal)
+        return self.model.glance_map_core(images, focal)
+
+
+def has_map_package(cfg: ModelConfig) -> bool:
+    """Whether an export of this model writes the map-only package: a glance depth on the one-way stream."""
+    return bool(cfg.glance_depth) and cfg.oneway
+
+
+def package_label(bucket: int | None) -> str:
+    return "the map-only package" if bucket is None else f"bucket {bucket}"
+
+
+def forward_of(model: DepthPack, bucket: int | None, frame: dict | None = None) -> _Forward:
+    """The function of bucket's package, or (bucket None) of the map-only package."""
+    return MapForward(model, frame) if bucket is None else PackedForward(model, bucket, frame)
 
 
 def manifest_focal(cfg: ModelConfig, frame: dict | None = None) -> dict | None:
@@ -59,23 +96,24 @@ def example_focal(cfg: ModelConfig, batch: int, g: torch.Generator, frame: dict 
     return f.expand(batch).contiguous()
 
 
-def example_inputs(cfg: ModelConfig, batch: int, k: int, device, g: torch.Generator,
+def example_inputs(cfg: ModelConfig, batch: int, k: int | None, device, g: torch.Generator,
                    frame: dict | None = None) -> tuple[torch.Tensor, ...]:
     """Random images [B,3,H,W] in [0,1) (or uint8 frames [B,h,w,3]) and points [B,K,2] inside them,
     and for a model with a focal input a focal [B] (example_focal): the package's inputs in call
-    order. The last quarter of each row repeats the first point, like the runners' padding."""
+    order (k None: the map-only package's, no points). The last quarter of each row repeats the first
+    point, like the runners' padding."""
     if frame is not None:
         h, w = frame["size"]
         inputs = torch.randint(0, 256, (batch, h, w, 3), generator=g, dtype=torch.uint8)
     else:
         h, w = cfg.img_size
         inputs = torch.rand(batch, 3, h, w, generator=g)
-    points = torch.rand(batch, k, 2, generator=g) * torch.tensor([w, h]) * (1 - 1e-6)
-    pad = k // 4
+    points = () if k is None else (torch.rand(batch, k, 2, generator=g) * torch.tensor([w, h]) * (1 - 1e-6),)
+    pad = (k or 0) // 4
     if pad:
-        points[:, k - pad:] = points[:, :1]
-    focal = (example_focal(cfg, batch, g, frame).to(device),) if cfg.uses_focal else ()
-    return inputs.to(device), points.to(device), *focal
+        points[0][:, k - pad:] = points[0][:, :1]
+    focal = (example_focal(cfg, batch, g, frame),) if cfg.uses_focal else ()
+    return tuple(t.to(device) for t in (inputs, *points, *focal))
 
 
 def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
@@ -91,14 +129,15 @@ def static_graph_problems(ep: torch.export.ExportedProgram) -> list[str]:
     return problems
 
 
-def export_program(model: DepthPack, k: int, batch: int, device, g: torch.Generator,
+def export_program(model: DepthPack, k: int | None, batch: int, device, g: torch.Generator,
                    frame: dict | None = None) -> torch.export.ExportedProgram:
+    """torch.export of bucket k's function (k None: the map-only package's), held to one static graph."""
     args = example_inputs(model.cfg, batch, k, device, g, frame)
     with torch.no_grad():
-        ep = torch.export.export(PackedForward(model, k, frame).eval(), args, strict=False)
+        ep = torch.export.export(forward_of(model, k, frame).eval(), args, strict=False)
     problems = static_graph_problems(ep)
     if problems:
-        raise ExportError(f"bucket {k}: the packed forward is not one static graph: {'; '.join(problems[:5])}")
+        raise ExportError(f"{package_label(k)}: the packed forward is not one static graph: {'; '.join(problems[:5])}")
     return ep
 
 
@@ -115,7 +154,7 @@ def package_constants(forward: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.detach().to("cpu").contiguous() for name, t in named}
 
 
-def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.Tensor], bucket: int) -> None:
+def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.Tensor], bucket: int | None) -> None:
     """Each constant of the program must be in the weights file with its shape and dtype: an ExportError
     names the first that is not (a lifted constant the module does not name, say)."""
     for name, t in {**ep.state_dict, **ep.constants}.items():
@@ -123,7 +162,7 @@ def check_constants(ep: torch.export.ExportedProgram, weights: dict[str, torch.T
             continue
         w = weights.get(name)
         if w is None or w.shape != t.shape or w.dtype != t.dtype:
-            raise ExportError(f"bucket {bucket}: the program's constant {name} {t.dtype} {list(t.shape)} is not in the "
+            raise ExportError(f"{package_label(bucket)}: the program's constant {name} {t.dtype} {list(t.shape)} is not in the "
                               f"weights file as such ({'missing' if w is None else f'{w.dtype} {list(w.shape)}'})")
 
 
@@ -153,7 +192,9 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
     "inductor_configs", "metadata"), in `workers` spawned processes at once (each program saved with
     torch.export.save and loaded there; AOTInductor's C++ compile of one package uses one core). A child
     that fails or dies (a full disk aborts the process that writes the package) is one ExportError naming
-    the bucket, and this process lives on. on_done(job, seconds) as each finishes."""
+    the bucket, and this process lives on. on_done(job, seconds) as each finishes. Anything that ends the
+    wait (a failed compile, a Ctrl-C, a SIGTERM) ends every child and its compilers at once (_end_workers):
+    the pool's own shutdown would wait for the compiles under way."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -166,15 +207,38 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
         log = Path(tmp) / "compile.log"  # the children's own output: a dying one prints a C++ stack there, not here
         with cf.ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("spawn"),
                                     initializer=_child_setup, initargs=(str(log), os.getpid())) as pool:
-            futures = {pool.submit(_compile_saved, a): job for a, job in zip(args, jobs)}
-            for fut in cf.as_completed(futures):
-                job = futures[fut]
-                try:
-                    seconds = fut.result()
-                except Exception as e:  # noqa: BLE001  (the child's error or its death, said in one line)
-                    raise ExportError(f"AOTInductor compile of {job['path'].name} failed: {_why(e, job['path'])}") from None
-                if on_done:
-                    on_done(job, seconds)
+            try:
+                _wait_for(pool, args, jobs, on_done)
+            except BaseException:
+                _end_workers(pool)
+                raise
+
+
+def _wait_for(pool, args: list[dict], jobs: list[dict], on_done) -> None:
+    import concurrent.futures as cf
+
+    futures = {pool.submit(_compile_saved, a): job for a, job in zip(args, jobs)}
+    for fut in cf.as_completed(futures):
+        job = futures[fut]
+        try:
+            seconds = fut.result()
+        except Exception as e:  # noqa: BLE001  (the child's error or its death, said in one line)
+            raise ExportError(f"AOTInductor compile of {job['path'].name} failed: {_why(e, job['path'])}") from None
+        if on_done:
+            on_done(job, seconds)
+
+
+def _end_workers(pool) -> None:
+    """Kill the pool's children, each with its process group (the compilers it runs: _child_setup), then shut
+    the pool down without waiting for their work. The pool has no kill of its own: its _processes."""
+    import signal
+
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # not (yet) a group of its own: the child alone
+            proc.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _why(e: BaseException, path: Path) -> str:
@@ -190,14 +254,16 @@ def _why(e: BaseException, path: Path) -> str:
 
 
 def _child_setup(log: str, parent: int) -> None:
-    """A compile child dies with the exporter (die_with_parent) and writes its output (progress, warnings,
-    a dying C++ runtime's stack) to log, its resource tracker's included: the exporter's tracker, which it
-    would share, prints "leaked semaphore objects" onto the exporter's terminal after the one error line
-    when a child dies holding one (a full disk aborts it)."""
+    """A compile child dies with the exporter (die_with_parent), leads a process group of its own (so that
+    _end_workers ends its compilers with it) and writes its output (progress, warnings, a dying C++
+    runtime's stack) to log, its resource tracker's included: the exporter's tracker, which it would share,
+    prints "leaked semaphore objects" onto the exporter's terminal after the one error line when a child
+    dies holding one (a full disk aborts it)."""
     import sys
     from multiprocessing import resource_tracker
 
     die_with_parent(parent)
+    os.setpgid(0, 0)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush(), sys.stderr.flush()
     os.dup2(fd, 1), os.dup2(fd, 2)

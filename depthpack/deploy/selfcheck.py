@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..core.model import DepthPack
-from .package import ExportError, PackedForward, example_inputs
+from .package import ExportError, example_inputs, forward_of, has_map_package
 
 
 def self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, device, g: torch.Generator,
@@ -42,20 +42,21 @@ class PendingCheck:
 
 def start_self_check(model: DepthPack, manifest_path: Path, buckets, batch: int, device, g: torch.Generator,
                      timeout_s: int = 900, frame: dict | None = None) -> PendingCheck:
-    """The eager outputs on fresh inputs, computed here, and the child process started on them."""
+    """The eager outputs on fresh inputs, computed here (each bucket's package, and the map-only package
+    where the model has one), and the child process started on them."""
     from safetensors.torch import save_file
 
+    from ..runtime.aoti import package_tag
+
     fresh = {}
-    names = ["frames" if frame else "images", "points", "focal"]  # the inputs in call order
     with torch.no_grad():
-        for k in buckets:
+        for k in [*buckets, *([None] if has_map_package(model.cfg) else [])]:
+            names = ["frames" if frame else "images", *(["points"] if k else []), "focal"]  # the inputs in call order
             args = example_inputs(model.cfg, batch, k, device, g, frame)
-            fresh.update({f"{n}_k{k}": t.cpu() for n, t in zip(names, args)})
-            out = PackedForward(model, k, frame)(*args)
-            depth, dmap = out if isinstance(out, tuple) else (out, None)
-            fresh[f"depth_k{k}"] = depth.float().cpu()
-            if dmap is not None:
-                fresh[f"map_k{k}"] = dmap.float().cpu()
+            out = forward_of(model, k, frame)(*args)
+            outs = dict(zip(["depth", "map"] if k else ["map"], out if isinstance(out, tuple) else (out,)))
+            fresh.update({f"{n}_{package_tag(k)}": t.cpu() for n, t in zip(names, args)})
+            fresh.update({f"{n}_{package_tag(k)}": t.float().cpu() for n, t in outs.items()})
     inputs = manifest_path.parent / ".selfcheck_inputs.safetensors"
     save_file({n: t.contiguous() for n, t in fresh.items()}, str(inputs))
     env = dict(os.environ)

@@ -4,9 +4,11 @@
                                                 copy, compiled when the recipe compiles)
     PackageEngine(manifest, device)             an export folder's AOTInductor packages
 
-Both say what they take (patch size, image size, buckets, batch size, frames or images, focal, map)
-and build, per input kind and size, the function the Predictor stages inputs for and replays:
-fn(inputs, points, k[, focal]) -> depth [B,k], or (depth, map [B,rows,cols]) with the glance's map.
+Both say what they take (patch size, image size, buckets, batch size, frames or images, focal, map,
+map_only) and build, per input kind and size, the function the Predictor stages inputs for and replays:
+fn(inputs, points, k[, focal]) -> depth [B,k], or (depth, map [B,rows,cols]) with the glance's map, or
+(map_only: a one-way model's glance alone, DepthPack.glance_map_core or the map-only package) the map
+with no points (points and k unused).
 """
 from __future__ import annotations
 
@@ -74,6 +76,14 @@ def save_compile_cache(cache_dir: str | os.PathLike) -> None:
         atomic_write_bytes(Path(cache_dir) / CACHE_FILE, saved[0])
 
 
+def without_points(fn: Callable) -> Callable:
+    """fn(inputs[, focal]) -> map in the buckets' signature fn(inputs, points, k[, focal]), points and k
+    unused: from_frames, the compile and the Predictor's staging take it as they take the others."""
+    def map_only(inputs, points, k, *focal):
+        return fn(inputs, *focal)
+    return map_only
+
+
 def from_frames(core: Callable, size: tuple[int, int], model_size: tuple[int, int], color: str) -> Callable:
     """core over images at the model's size, fed uint8 frames of size (h, w): resized inside, the points and
     the focal scaled to the model's pixels (depthpack.core.preprocess, the same in every runner)."""
@@ -94,14 +104,22 @@ class ModelEngine:
         cfg = model.cfg
         self.patch_size, self.image_size, self.buckets = cfg.patch_size, tuple(cfg.img_size), tuple(cfg.buckets)
         self.uses_focal, self.has_map, self.frame = cfg.uses_focal, cfg.glance_depth, None
+        self.map_size = tuple(cfg.glance_map_size) if cfg.glance_depth else None
+        self.map_only = bool(cfg.glance_depth) and cfg.oneway  # the map needs no points: the glance alone
         self.static = recipe.compile or recipe.graph  # a fixed batch and input size
 
     def core(self, with_map: bool = False) -> Callable:
         check_map(with_map, self.has_map, "the model has no glance depth (model.glance_depth)")
         return self.model.packed_map_core if with_map else self.model.packed_core
 
-    def function(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool = False) -> Callable:
-        fn = self.core(with_map)
+    def map_core(self) -> Callable:
+        """The map with no points (map_only), in the buckets' signature (without_points)."""
+        check_map(True, self.map_only, "a map with no points needs the one-way glance stream (model.glance_stream)")
+        return without_points(self.model.glance_map_core)
+
+    def function(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool = False,
+                 map_only: bool = False) -> Callable:
+        fn = self.map_core() if map_only else self.core(with_map)
         if kind == "frames":
             fn = from_frames(fn, size, self.image_size, color)
         if not self.recipe.compile:
@@ -119,9 +137,10 @@ class PackageEngine:
     dtype, recipe and input kind; replayed from CUDA graphs on a GPU."""
 
     def __init__(self, manifest: str | os.PathLike, device: torch.device):
-        from .aoti import load_runners
+        from ..deploy.contract import map_size
+        from .aoti import load_packages
 
-        self.manifest, self.runners = load_runners(str(manifest), device)
+        self.manifest, self.runners, self.map_fn = load_packages(str(manifest), device)
         m = self.manifest
         self.dtype = getattr(torch, m["dtype"])
         self.patch_size, self.image_size = int(m["patch_size"]), tuple(int(s) for s in m["image_size"])
@@ -130,6 +149,7 @@ class PackageEngine:
         self.frame = (tuple(m["frame"]["size"]), m["frame"]["color"]) if m.get("frame") else None
         self.uses_focal = m.get("focal") is not None  # the packages' third input
         self.has_map = len(m["buckets"][0]["outputs"]) > 1  # manifests before the map have one output
+        self.map_size, self.map_only = map_size(m), self.map_fn is not None  # the map-only package
         self.recipe = Recipe(graph=device.type == "cuda")
         self.static = True
 
@@ -143,10 +163,18 @@ class PackageEngine:
             return out if with_map or not has_map else out[0]
         return run
 
-    def function(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool = False) -> Callable:
+    def map_core(self) -> Callable:
+        """The map-only package (map_only), in the buckets' signature (without_points)."""
+        check_map(True, self.map_only, "these packages have no map-only package (a shared-stream model, or "
+                                       "exported before depthpack-manifest/5)")
+        return without_points(self.map_fn)
+
+    def function(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool = False,
+                 map_only: bool = False) -> Callable:
+        fn = self.map_core() if map_only else self.core(with_map)
         if kind == "frames" and self.frame is None:  # image packages: frames resized here, as the C++ runner does
-            return from_frames(self.core(with_map), size, self.image_size, color)
-        return self.core(with_map)
+            return from_frames(fn, size, self.image_size, color)
+        return fn
 
     def describe(self) -> dict:
         return {"source": "packages", "recipe": self.recipe.describe()}

@@ -20,9 +20,11 @@ class Batch:
 
     @property
     def size(self) -> tuple[int, int]:
-        """(h, w) of the input: the frame's or the image's pixels the points refer to."""
-        first = self.data[0]
-        return tuple(first.shape[:2]) if self.kind == "frames" else tuple(first.shape[-2:])
+        """(h, w) of the input: the frame's or the image's pixels the points refer to (from the shape: a
+        batch of no images has one too)."""
+        if self.kind == "images":
+            return tuple(self.data.shape[-2:])
+        return tuple(self.data[0].shape[:2]) if isinstance(self.data, list) else tuple(self.data.shape[1:3])
 
     def rows(self, b0: int, n: int) -> torch.Tensor | list[torch.Tensor]:
         return self.data[b0:b0 + n]

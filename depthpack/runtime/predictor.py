@@ -87,7 +87,10 @@ class Predictor:
     (0 = unknown: the model's default), a number, a sequence or a [B] tensor; a staged input of the
     graphs like the points, so another focal needs no recompile. A model without a focal input ignores it.
     return_map: also the glance's depth map [B, rows, cols] (a model with model.glance_depth, or packages
-    exported from one); with more queries than the largest bucket, the first chunk's buffer's map.
+    exported from one); with more queries than the largest bucket, the first chunk's buffer's map. With no
+    points (Q = 0) a one-way model runs its glance alone (DepthPack.glance_map_core, or the export's map-only
+    package); a shared-stream model (or packages without a map-only package) runs one point, the input's
+    centre (w/2, h/2) in its pixels, as the C++ runner does. An empty batch gives [0, Q] (and [0, rows, cols]).
 
     Threads: calls from several threads are served one at a time (one lock); make one Predictor per thread
     for calls in parallel. Synchronization: host points are checked on the host for free; device points
@@ -137,7 +140,7 @@ class Predictor:
         self.graphs = engine.recipe.graph and self.device.type == "cuda"
         self.captures = 0  # CUDA graphs captured by this predictor
         self.warmup_seconds: dict[int, float] = {}  # per bucket, the last warmup's time (compile + capture)
-        self._modes: dict[tuple[str, bool], _Mode] = {}  # (input kind, with the map)
+        self._modes: dict[tuple[str, bool, bool], _Mode] = {}  # (input kind, with the map, the map alone)
         self._pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self._lo, self._hi = torch.empty(2), torch.empty(2)  # the host check's min and max, made once
 
@@ -146,7 +149,8 @@ class Predictor:
                color: str | None = None, return_map: bool = False) -> dict[int, float]:
         """Compile and/or capture every bucket (or the given ones) for float images at the model's size or,
         with frame_size=(h, w), for uint8 frames of that size (with return_map: the function that also
-        returns the map); returns the seconds each bucket took. batch_size re-settles the batch size."""
+        returns the map, and where the engine has one the map-only function, as bucket 0); returns the seconds
+        each bucket took. batch_size re-settles the batch size."""
         with self._lock:
             if batch_size is not None and batch_size != self.batch_size and self.engine.static:
                 self._resettle(batch_size)
@@ -157,9 +161,12 @@ class Predictor:
             if not self.engine.static:
                 return {}
             kind = "frames" if frame_size is not None or self.frame_packages else "images"
-            mode = self._mode(kind, tuple(frame_size or self.frame_size or self.image_size), color, return_map)
+            size = tuple(frame_size or self.frame_size or self.image_size)
+            mode = self._mode(kind, size, color, return_map)
             times = {k: self._prepare(mode, k)[1] for k in sorted(wanted, reverse=True)  # the largest sizes the pool
-                     if k not in mode.buckets or (self.graphs and mode.buckets[k].graph is None)}
+                     if not self._ready(mode, k)}
+            if return_map and self.engine.map_only and not self._ready(self._mode(kind, size, color, True, True), 0):
+                times[0] = self._prepare(self._mode(kind, size, color, True, True), 0)[1]
             if times and self.cache_dir is not None and self.recipe.compile:
                 save_compile_cache(self.cache_dir)
             return times
@@ -170,8 +177,9 @@ class Predictor:
         model, recipe, dtype = self._source
         self._use(ModelEngine(model, resolve(recipe, self.device, batch_size), self.device, dtype), batch_size)
 
-    def _mode(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool) -> _Mode:
-        """The static mode of an input kind and size; the first use of frames settles the frame size."""
+    def _mode(self, kind: str, size: tuple[int, int], color: str | None, with_map: bool, map_only: bool = False) -> _Mode:
+        """The static mode of an input kind and size (map_only: the map with no points, one bucket 0); the first
+        use of frames settles the frame size."""
         color = check_color(color or self.color) if kind == "frames" else None
         if self.frame_packages is not None and (kind, size, color) != ("frames", *self.frame_packages):
             (h, w), c = self.frame_packages
@@ -185,7 +193,7 @@ class Predictor:
             h, w = self.frame_size
             raise ValueError(f"this predictor's graphs take frames {h}x{w} {self._frame_color or color}; got frames "
                              f"{size[0]}x{size[1]} {color}: make one Predictor per camera (frame size)")
-        mode = self._modes.get((kind, with_map))
+        mode = self._modes.get((kind, with_map, map_only))
         if mode is None:
             if kind == "frames":
                 self.frame_size, self._frame_color = size, color
@@ -196,9 +204,13 @@ class Predictor:
             inputs.dev.copy_(torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) if dtype == torch.uint8
                              else torch.rand(shape, generator=g))
             focal = Staged((Bg,), torch.float32, self.device) if self.uses_focal else None
-            mode = self._modes[(kind, with_map)] = _Mode(kind, size, color, inputs,
-                                                         self.engine.function(kind, size, color, with_map), focal)
+            fn = self.engine.function(kind, size, color, with_map, map_only)
+            mode = self._modes[(kind, with_map, map_only)] = _Mode(kind, size, color, inputs, fn, focal)
         return mode
+
+    def _ready(self, mode: _Mode, k: int) -> bool:
+        """Bucket k of the mode has run (compiled) and, with graphs, is captured."""
+        return k in mode.buckets and not (self.graphs and mode.buckets[k].graph is None)
 
     def _prepare(self, mode: _Mode, k: int) -> tuple[_Bucket, float]:
         """Bucket k of a mode: static points (valid ones), its function run once (compiles), its graph captured."""
@@ -245,13 +257,18 @@ class Predictor:
             if batch.points.device.type != "cpu" or not self.engine.static:
                 check_points_in_image(batch.points, h, w)  # device points: a sync
         if B == 0 or (Q == 0 and not return_map):
-            return (out, None) if return_map else out
+            return (out, self._empty_map()) if return_map else out
         with self._lock, torch.inference_mode():
             run = self._run_static if self.engine.static else self._run_eager
             dmap = run(batch, color, out, focal, return_map)
             if out.device.type == "cpu" and self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()
         return (out, dmap) if return_map else out
+
+    def _empty_map(self) -> torch.Tensor:
+        """The map of an empty batch, [0, rows, cols] (refused, naming why, where the engine has no map)."""
+        self.engine.core(with_map=True)
+        return torch.empty(0, *self.engine.map_size, device=self.device, dtype=torch.float32)
 
     def _focal(self, focal, B: int) -> torch.Tensor | None:
         """focal -> [B] float32 (None stays None; None too for a model without a focal input)."""
@@ -261,46 +278,49 @@ class Predictor:
         return focal.to(torch.float32).reshape(-1).expand(B) if self.uses_focal else None
 
     def _run_static(self, batch: Batch, color, out: torch.Tensor, focal, with_map: bool):
-        mode = self._mode(batch.kind, batch.size, color, with_map)
         Bg, Q = self.batch_size, batch.points.shape[1]
+        map_only = with_map and Q == 0 and self.engine.map_only  # the map alone: one run, no points (bucket 0)
+        mode = self._mode(batch.kind, batch.size, color, with_map, map_only)
+        plan = [(0, 0, 0)] if map_only else chunk_plan(max(Q, 1), self.buckets)
         check = self.validate and batch.points.device.type == "cpu"
-        dmap = None
+        maps = []
         for b0 in range(0, batch.points.shape[0], Bg):
             n = min(batch.points.shape[0] - b0, Bg)
             mode.inputs.load(batch.rows(b0, n), n)
             if mode.focal is not None:  # 0 = unknown: the model's default, inside the graph
                 mode.focal.load(focal[b0:b0 + n], n) if focal is not None else mode.focal.dev[:n].zero_()
-            for s, e, k in chunk_plan(max(Q, 1), self.buckets):
-                st = mode.buckets[k] if k in mode.buckets and not (self.graphs and mode.buckets[k].graph is None) \
-                    else self._prepare(mode, k)[0]  # first use of this bucket
-                chunk = batch.points[b0:b0 + n, s:e] if Q else self._centre(batch, b0, n)
-                staged = st.points.load_points(chunk, n)
-                if check:
-                    self._check_staged(staged, *mode.size)
+            for s, e, k in plan:
+                st = mode.buckets[k] if self._ready(mode, k) else self._prepare(mode, k)[0]  # its first use
+                if k:  # no points: the input's centre (a map-only call of a shared-stream model)
+                    staged = st.points.load_points(batch.points[b0:b0 + n, s:e] if Q else self._centre(batch, n), n)
+                    if check:
+                        self._check_staged(staged, *mode.size)
                 if self.graphs:
                     st.graph.replay()
                 res = st.out if self.graphs else mode.fn(mode.inputs.dev, st.points.dev, k,
                                                          *((mode.focal.dev,) if mode.focal is not None else ()))
-                depth = res[0] if with_map else res
-                out[b0:b0 + n, s:e].copy_(depth[:n, :e - s], non_blocking=True)
+                if Q:
+                    out[b0:b0 + n, s:e].copy_((res[0] if with_map else res)[:n, :e - s], non_blocking=True)
                 if with_map and s == 0:
-                    dmap = res[1][:n].clone() if dmap is None else torch.cat([dmap, res[1][:n]])
-        return dmap
+                    maps.append((res if map_only else res[1])[:n].clone())
+        return (maps[0] if len(maps) == 1 else torch.cat(maps)) if maps else None
 
     def _run_eager(self, batch: Batch, color, out: torch.Tensor, focal, with_map: bool):
         images, points = batch.stacked().to(self.device, non_blocking=True), batch.points.to(self.device)
-        focal = focal.to(self.device) if focal is not None else None
+        focal = (focal.to(self.device),) if focal is not None else ()
         if batch.kind == "frames":
             images = frames_to_images(images, self.image_size, check_color(color or self.color))
             points = scale_points(points, batch.size, self.image_size)
-            focal = scale_focal(focal, batch.size, self.image_size) if focal is not None else None
-        core, dmap = self.engine.core(with_map), None
+            focal = tuple(scale_focal(f, batch.size, self.image_size) for f in focal)
         Q = points.shape[1]
-        if Q == 0:  # a map-only call runs one point
-            points = scale_points(self._centre(batch, 0, points.shape[0]), batch.size, self.image_size).to(self.device) \
-                if batch.kind == "frames" else self._centre(batch, 0, points.shape[0]).to(self.device)
+        if with_map and Q == 0 and self.engine.map_only:  # the map alone, no points
+            return self.engine.map_core()(images, points, 0, *focal)
+        if Q == 0:  # a map-only call of a shared-stream model runs one point, the input's centre
+            points = self._centre(batch, points.shape[0]).to(self.device)
+            points = scale_points(points, batch.size, self.image_size) if batch.kind == "frames" else points
+        core, dmap = self.engine.core(with_map), None
         for s, e, k in chunk_plan(points.shape[1], self.buckets):
-            res = core(images, pad_points(points[:, s:e], k), k, *((focal,) if focal is not None else ()))
+            res = core(images, pad_points(points[:, s:e], k), k, *focal)
             if Q:
                 out[:, s:e].copy_((res[0] if with_map else res)[:, :e - s], non_blocking=True)
             if with_map and s == 0:
@@ -308,10 +328,11 @@ class Predictor:
         return dmap
 
     @staticmethod
-    def _centre(batch: Batch, b0: int, n: int) -> torch.Tensor:
-        """One point, the input's centre: the buffer a map-only call (Q = 0) runs."""
+    def _centre(batch: Batch, n: int) -> torch.Tensor:
+        """[n,1,2]: one point, the input's centre (w/2, h/2) in its pixels: the buffer a map-only call (Q = 0)
+        of a shared-stream model runs (the C++ runner's too)."""
         h, w = batch.size
-        return torch.tensor([[[w / 2, h / 2]]]).expand(n, 1, 2)
+        return torch.tensor([[[w / 2, h / 2]]], dtype=torch.float32).expand(n, 1, 2)
 
     def _check_staged(self, points: torch.Tensor, h: int, w: int) -> None:
         """Points staged on the host: in [0,w) x [0,h) and finite, by a min/max into buffers made once

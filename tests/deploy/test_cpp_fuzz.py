@@ -52,11 +52,12 @@ def test_every_target_has_seeds_of_real_exports():
     for target in TARGETS:
         seeds = sorted(p.name for p in (FUZZ / "corpus" / target).glob("seed_*"))
         assert seeds, f"corpus/{target} has no seed (deploy_cpp/fuzz/make_seeds.py writes them)"
-    import json
+    from depthpack.deploy.contract import FORMAT, FORMAT_SHARED, map_package, read_manifest
 
-    from depthpack.deploy.contract import FORMAT
-
-    assert json.loads((FUZZ / "corpus" / "manifest" / "seed_images_manifest.json").read_text())["format"] == FORMAT
+    # valid manifests of this format (a one-way model's, with its map-only package) and of the one before
+    seeds = {p.name: read_manifest(p) for p in (FUZZ / "corpus" / "manifest").glob("seed_*_manifest.json")}
+    assert seeds["seed_oneway_manifest.json"]["format"] == FORMAT and map_package(seeds["seed_oneway_manifest.json"])
+    assert seeds["seed_images_manifest.json"]["format"] == FORMAT_SHARED
 
 
 def test_regression_inputs_are_named():

@@ -138,6 +138,13 @@ def thumbnail_exported(runner, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def shared_exported(runner, tmp_path_factory) -> Path:
+    """The default layout on the shared glance stream: packages with a map and no map-only package."""
+    out = export_dir(tmp_path_factory, "tiny_shared")
+    return finish_export(start_kept_export(out, model="glance_stream=shared"), out)
+
+
+@pytest.fixture(scope="module")
 def example(runner) -> Path:
     path = runner.parent / "robot_loop"
     assert path.exists(), f"{path}: the example robot_loop is built beside depthpack_run"
@@ -314,6 +321,64 @@ def test_the_map_comes_back_as_from_python(runner, exported, thumbnail_exported,
     assert proc.returncode == 1 and "return no map" in proc.stderr, proc.stderr
 
 
+def _cpp_map(runner: Path, d: Path, image: Path, tmp_path: Path, pts=None) -> np.ndarray:
+    """depthpack_run --map's map [rows,cols] float32 for the points pts (None: --map alone, no --points)."""
+    out = tmp_path / f"map_{len(list(tmp_path.glob('map_*')))}.csv"
+    points = ["--points", write_csv(tmp_path / "pts.csv", pts)] if pts is not None else []
+    proc = run(runner, "--manifest", d / "manifest.json", "--image", image, *points, "--map", out)
+    assert proc.returncode == 0 and (pts is not None or proc.stdout == ""), proc.stderr  # the map alone: no depths
+    return np.loadtxt(out, delimiter=",", ndmin=2).astype(np.float32)  # "%.9g": float32 to the bit
+
+
+def test_the_one_way_map_is_the_same_from_every_runner(runner, exported, tmp_path):
+    """One map per image on the one-way stream: C++ with two point sets (two buckets), with an empty points
+    file and with --map alone (the map-only package) gives the map of Python's packages (map-only) to the
+    bit, and the eager model's glance alone within float32 rounding."""
+    from depthpack.deploy.build import load_for_export
+    from depthpack.runtime.predictor import Predictor
+
+    assert manifest_of(exported)["map"]["file"] == "depthpack_map.pt2"
+    image = exported / "reference.safetensors"
+    images = load_file(str(image))["images"][:1]
+    g = torch.Generator().manual_seed(21)
+    sets = [torch.rand(n, 2, generator=g).numpy() * 63.9 for n in (5, 14)]  # buckets 8 and 16
+    maps = [_cpp_map(runner, exported, image, tmp_path, p) for p in sets + [np.zeros((0, 2))]]
+    maps.append(_cpp_map(runner, exported, image, tmp_path))
+    _, python = Predictor.from_packages(exported / "manifest.json", device="cpu").predict(images, torch.zeros(1, 0, 2),
+                                                                                           return_map=True)
+    assert all(np.array_equal(m, python[0].numpy()) for m in maps)
+    model, _ = load_for_export(None, "tiny", 0)
+    with torch.no_grad():
+        eager = model.glance_map_core(images)[0].numpy()
+    assert np.abs(maps[0] - eager).max() < 1e-5
+
+
+def test_a_shared_stream_map_only_call_runs_pythons_point(runner, shared_exported, tmp_path):
+    """Shared stream, no map-only package: C++ and Python both run one point, the input's centre, and give
+    the same map to the bit (C++ ran (0, 0), 0.029 m away); the same packages under a format 4 manifest
+    (no glance_stream) check OK and answer the same."""
+    from depthpack.runtime.aoti import load_runners
+    from depthpack.runtime.predictor import Predictor
+
+    m = manifest_of(shared_exported)
+    assert m["model_config"]["glance_stream"] == "shared" and m["map"] == {"size": [32, 32]}
+    image = shared_exported / "reference.safetensors"
+    images = load_file(str(image))["images"][:1]
+    got = _cpp_map(runner, shared_exported, image, tmp_path)
+    _, python = Predictor.from_packages(shared_exported / "manifest.json", device="cpu").predict(
+        images, torch.zeros(1, 0, 2), return_map=True)
+    np.testing.assert_array_equal(got, python[0].numpy())
+    _, runners = load_runners(shared_exported / "manifest.json", "cpu")
+    origin = runners[8](images, torch.zeros(1, 8, 2))[1][0].numpy()
+    assert np.abs(origin - got).max() > 1e-3  # the test tells the points apart
+    d = tmp_path / "old"
+    shutil.copytree(shared_exported, d)
+    _edit_manifest(d, lambda m: (m.update(format="depthpack-manifest/4"), m["model_config"].pop("glance_stream")))
+    proc = run(runner, "--manifest", d / "manifest.json", "--check", image)
+    assert proc.returncode == 0 and "and the map," in proc.stderr, proc.stderr
+    np.testing.assert_array_equal(_cpp_map(runner, d, image, tmp_path), got)
+
+
 @pytest.mark.parametrize("q", [1, 7, 8, 9, 16, 17, 2 * 16 + 5])
 def test_depths_equal_python(runner, exported, python_depth, tmp_path, q):
     """Random points in the reference tensor image (model pixels): below, at and above each bucket,
@@ -388,7 +453,8 @@ def test_bench_prints_latencies(runner, exported):
                "--bench", "5")
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("bench ")]
-    assert {int(ln.split("bucket=")[1].split()[0]) for ln in lines} == set(BUCKETS)  # 16 + a chunk of 3 -> 8
+    # 16 + a chunk of 3 -> 8, and the map-only package (the check's map alone)
+    assert {ln.split("bucket=")[1].split()[0] for ln in lines} == {*map(str, BUCKETS), "map"}
     for ln in lines:
         fields = dict(kv.split("=") for kv in ln.split()[1:])
         assert fields["runs"] == "5" and 0 < float(fields["median_ms"]) <= float(fields["p90_ms"])
@@ -482,16 +548,21 @@ def _swap_bucket_8_to_k16(m: dict) -> None:
     m["buckets"][0].update(file=m["buckets"][1]["file"], sha256=m["buckets"][1]["sha256"])
 
 
+def _packages(m: dict) -> list[dict]:
+    """The manifest's package entries: each bucket's, and the map-only package's where it has one."""
+    return m["buckets"] + ([m["map"]] if "file" in (m.get("map") or {}) else [])
+
+
 def _as_frame_package(m: dict, size=(48, 40), color="bgr") -> None:
     """A manifest of packages that take raw frames uint8 [B,h,w,3] (never loaded by these tests)."""
     m["frame"] = {"size": list(size), "color": color}
-    for b in m["buckets"]:
+    for b in _packages(m):
         b["inputs"][0] = {"name": "frames", "shape": [m["batch_size"], *size, 3], "dtype": "uint8"}
 
 
 def _with_focal(m: dict, default=None) -> None:
     m["focal"] = {"default": default}
-    for b in m["buckets"]:
+    for b in _packages(m):
         b["inputs"].append({"name": "focal", "shape": [m["batch_size"]], "dtype": "float32"})
 
 
@@ -523,7 +594,7 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     "manifest without buckets": (lambda d: _edit_manifest(d, lambda m: m.pop("buckets")), None, [], ['missing key "buckets"']),
     "manifest shapes": (lambda d: _edit_manifest(d, lambda m: m.update(image_size=[32, 64])), None, [], ["shape", "differs"]),
     "missing manifest": (lambda d: (d / "manifest.json").unlink(), None, [], ["manifest", "cannot be read"]),
-    "manifest format": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/1")), None, [], ["not a depthpack-manifest/4", "re-export"]),
+    "manifest format": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/1")), None, [], ["not a depthpack-manifest/5", "re-export"]),
     "manifest file path": (lambda d: _edit_manifest(d, lambda m: m["buckets"][0].update(file="../x.pt2")), None, [], ["plain file name"]),
     # the weights beside the weight-free packages
     "tampered weights": (lambda d: _flip_byte(d / "weights.safetensors"), None, [], ["weights.safetensors", "sha256", "does not match"]),
@@ -591,6 +662,20 @@ ERRORS = {  # name: (edit of a copy of the export dir d, points CSV text or None
     "package inputs metadata": (lambda d: _edit_manifest(d, lambda m: m["buckets"][1].update(sha256=_set_metadata(
         d / "depthpack_k16.pt2", {"depthpack.bucket": "16", "depthpack.inputs": json.dumps(m["buckets"][0]["inputs"])}))),
         None, [], ["depthpack_k16.pt2", "takes inputs", "points float32 [1,8,2]", "for bucket 16"]),
+    # the map-only package: loaded on a map-only call (--map, no points), held to the manifest like the buckets'
+    "tampered map package": (lambda d: _flip_byte(d / "depthpack_map.pt2"), "x,y\n", ["--map", lambda d: d.parent / "m.csv"],
+                             ["depthpack_map.pt2", "sha256", "does not match"]),
+    "map package named for a bucket": (lambda d: _edit_manifest(d, lambda m: m["map"].update(sha256=_set_metadata(
+        d / "depthpack_map.pt2", {"depthpack.bucket": "8"}))), "x,y\n", ["--map", lambda d: d.parent / "m.csv"],
+        ["depthpack_map.pt2", "built for bucket 8", "as bucket map"]),
+    "map package in a format 4 manifest": (lambda d: _edit_manifest(d, lambda m: m.update(format="depthpack-manifest/4")), None, [],
+                                           ["map: a map-only package needs format depthpack-manifest/5"]),
+    "map package of a shared model": (lambda d: _edit_manifest(d, lambda m: m["model_config"].update(glance_stream="shared")), None, [],
+                                      ["map: a map-only package needs the one-way glance stream"]),
+    "map package without its sha256": (lambda d: _edit_manifest(d, lambda m: m["map"].pop("sha256")), None, [],
+                                       ['map: missing key "sha256" of the map-only package']),
+    "map package with points": (lambda d: _edit_manifest(d, lambda m: m["map"]["inputs"].append(m["buckets"][0]["inputs"][1])), None, [],
+                                ["the map-only package's tensors", "without the points"]),
     # frame packages, focal
     "frame of another size": (lambda d: (_raw_frames(d), _edit_manifest(d, _as_frame_package)), None,
                               ["--raw", lambda d: d / "frames.raw", "--frame-size", "64x64"], ["frame is 64x64", "take 40x48 frames"]),
@@ -671,6 +756,26 @@ def test_out_never_writes_over_an_input_or_the_export(runner, exported, tmp_path
     ok = run(runner, "--manifest", d / "manifest.json", "--image", tmp_path / "img.safetensors", "--points", pts,
              "--out", tmp_path / "depths.csv")  # the control: a file elsewhere
     assert ok.returncode == 0 and read_out(tmp_path / "depths.csv").shape == (10, 3), ok.stderr
+
+
+@pytest.mark.parametrize("how", ["one path", "another path", "a symbolic link", "a hard link"])
+def test_out_and_map_never_name_one_file(runner, exported, tmp_path, how):
+    """--out X --map X wrote the depths, then the map over them, exit 0: two outputs that are one file (by
+    any path or link) are refused before anything runs, one line, exit 1, the file as it was."""
+    pts = write_csv(tmp_path / "pts.csv", [[1.5, 2.5]])
+    out = tmp_path / "both.csv"
+    out.write_text("mine\n")
+    other = {"one path": out, "another path": tmp_path / "." / "both.csv",
+             "a symbolic link": tmp_path / "link.csv", "a hard link": tmp_path / "hard.csv"}[how]
+    if how == "a symbolic link":
+        other.symlink_to(out)
+    elif how == "a hard link":
+        os.link(out, other)
+    proc = run(runner, "--manifest", exported / "manifest.json", "--image", exported / "reference.safetensors",
+               "--points", pts, "--out", out, "--map", other)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1 and "are the same file" in err[0], proc.stderr
+    assert out.read_text() == "mine\n" and proc.stdout == ""
 
 
 def test_weights_that_fit_are_accepted_after_a_rewrite(runner, exported, tmp_path):
@@ -1090,9 +1195,12 @@ def test_manifest_h_lists_the_contracts_keys():
 
     header = (ROOT / "deploy_cpp" / "manifest.h").read_text()
     assert _marked(header, "FORMAT") == [contract.FORMAT]
+    assert _marked(header, "FORMAT_SHARED") == [contract.FORMAT_SHARED]
     assert _marked(header, "FORMAT_NO_MAP") == [contract.FORMAT_NO_MAP]
     assert tuple(_marked(header, "REQUIRED_KEYS")) == contract.REQUIRED_KEYS
     assert tuple(_marked(header, "BUCKET_KEYS")) == contract.BUCKET_KEYS
+    assert tuple(_marked(header, "MAP_PACKAGE_KEYS")) == contract.MAP_PACKAGE_KEYS
+    assert _marked(header, "MAP_BUCKET") == [contract.MAP_BUCKET]
     assert f"std::array<const char*, {len(contract.REQUIRED_KEYS)}> kRequiredKeys" in header
 
 

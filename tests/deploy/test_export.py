@@ -65,8 +65,13 @@ def fresh_inputs(k: int, seed: int, batch: int = 1):
 def test_manifest_keys_values_and_hashes(exported):
     m, out = exported.manifest, exported.out
     assert set(m) == SPEC_KEYS == set(REQUIRED_KEYS) | {"onnx", "build", "map"}
-    assert m["map"] == {"size": list(exported.model.cfg.glance_map_size)}  # the default layout has the glance's map
-    assert m["format"] == FORMAT == "depthpack-manifest/4" and m["preset"] == "tiny"
+    # the default layout has the glance's map, on the one-way stream: and the map-only package
+    assert m["model_config"]["glance_stream"] == "oneway"
+    assert m["map"] == {"size": list(exported.model.cfg.glance_map_size), "file": "depthpack_map.pt2",
+                        "sha256": sha256_file(out / "depthpack_map.pt2"),
+                        "inputs": [{"name": "images", "shape": [1, 3, 64, 64], "dtype": "float32"}],
+                        "outputs": [{"name": "map", "shape": [1, 32, 32], "dtype": "float32"}]}
+    assert m["format"] == FORMAT == "depthpack-manifest/5" and m["preset"] == "tiny"
     assert m["image_size"] == [64, 64] and m["patch_size"] == 8 and m["batch_size"] == 1
     assert m["device"] == "cpu" and m["compute_capability"] is None and m["arch"] == platform.machine()
     assert m["dtype"] == "float32" and m["torch_version"] == torch.__version__
@@ -91,8 +96,8 @@ def test_manifest_keys_values_and_hashes(exported):
     assert (out / ref["image"]).is_file() and (out / ref["points_csv"]).is_file()
     assert m["weights"]["file"] == "weights.safetensors" and sha256_file(out / "weights.safetensors") == m["weights"]["sha256"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json", "reference.png", "reference_points.csv", "reference.safetensors", "weights.safetensors"]
-        + [f"depthpack_k{k}.{ext}" for k in BUCKETS for ext in ("pt2", "onnx")])  # nothing else, no staging
+        ["manifest.json", "reference.png", "reference_points.csv", "reference.safetensors", "weights.safetensors",
+         "depthpack_map.pt2"] + [f"depthpack_k{k}.{ext}" for k in BUCKETS for ext in ("pt2", "onnx")])  # no staging
     assert not list(out.parent.glob(f".{out.name}.*"))  # the staging folder is gone
     assert read_manifest(out / "manifest.json") == m
 
@@ -140,6 +145,68 @@ def test_reference_file_chunked(exported):
     # and the stored depth equals the public (checked, unpadded) forward: padding changes nothing
     with torch.no_grad():
         torch.testing.assert_close(exported.model(images, points), depth, atol=1e-5, rtol=1e-5)
+
+
+def test_the_one_way_map_is_one_map_whatever_the_points(exported):
+    """One map per image on the one-way stream: the eager model's glance alone (glance_map_core), its
+    packed buffers of two point sets on two buckets, the packages given those points, the map-only
+    package and the Predictor's map-only call over the packages all give it (the packages bit-equal among
+    themselves, within float32 rounding of eager: Inductor fuses otherwise)."""
+    from depthpack.runtime.aoti import load_packages
+    from depthpack.runtime.predictor import Predictor
+
+    images, few = fresh_inputs(8, seed=7)
+    _, many = fresh_inputs(64, seed=8)
+    with torch.no_grad():
+        want = exported.model.glance_map_core(images)
+        eager = [exported.model.packed_map_core(images, p, k)[1] for p, k in ((few, 8), (many, 64))]
+    assert all(torch.equal(e, want) for e in eager)
+    _, runners, map_fn = load_packages(exported.out / "manifest.json", "cpu")
+    packaged = [runners[8](images, few)[1], runners[64](images, many)[1], map_fn(images)]
+    depth, dmap = Predictor.from_packages(exported.out / "manifest.json", device="cpu").predict(
+        images, torch.zeros(1, 0, 2), return_map=True)
+    assert depth.shape == (1, 0) and all(torch.equal(p, packaged[0]) for p in packaged[1:] + [dmap])
+    torch.testing.assert_close(packaged[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_an_empty_batch_through_the_packages(exported):
+    """B = 0 float images: an empty [0, Q] depth and [0, rows, cols] map, not an IndexError."""
+    from depthpack.runtime.predictor import Predictor
+
+    pred = Predictor.from_packages(exported.out / "manifest.json", device="cpu")
+    depth, dmap = pred.predict(torch.zeros(0, 3, 64, 64), torch.zeros(0, 5, 2), return_map=True)
+    assert depth.shape == (0, 5) and dmap.shape == (0, 32, 32)
+    assert pred.predict(torch.zeros(0, 3, 64, 64), torch.zeros(0, 0, 2)).shape == (0, 0)
+
+
+def _as_format_4(m: dict) -> None:
+    """The manifest an export before the one-way stream wrote: format 4, no glance_stream, no map-only package."""
+    m["format"] = "depthpack-manifest/4"
+    m["model_config"].pop("glance_stream")
+    m["map"] = {"size": m["map"]["size"]}
+
+
+def test_a_format_4_manifest_is_read_as_shared_stream_packages(exported, tmp_path):
+    """A format 4 manifest loads as before: its packages, no map-only package, so a map-only call runs one
+    point, the image's centre (packages of a one-way model give the same map either way)."""
+    from depthpack.deploy.contract import glance_stream, map_package
+    from depthpack.runtime.aoti import load_packages
+    from depthpack.runtime.predictor import Predictor
+
+    d = tmp_path / "old"
+    shutil.copytree(exported.out, d)
+    m = json.loads((d / "manifest.json").read_text())
+    _as_format_4(m)
+    (d / "manifest.json").write_text(json.dumps(m))
+    read = read_manifest(d / "manifest.json")
+    assert map_package(read) is None and glance_stream(read) == "shared"
+    manifest, runners, map_fn = load_packages(d / "manifest.json", "cpu")
+    assert sorted(runners) == list(BUCKETS) and map_fn is None
+    images, _ = fresh_inputs(8, seed=9)
+    _, dmap = Predictor.from_packages(d / "manifest.json", device="cpu").predict(images, torch.zeros(1, 0, 2),
+                                                                                 return_map=True)
+    centre = torch.tensor([[[32.0, 32.0]]]).expand(1, 8, 2)
+    assert torch.equal(dmap, runners[8](images, centre)[1])
 
 
 def test_onnx_equals_eager(exported):
@@ -220,6 +287,13 @@ def test_manifest_device_and_arch_mismatch_refused(exported, tmp_path):
      "not those of bucket 8"),
     (lambda m: m.update(image_size=[64]), "image_size"),
     (lambda m: m.update(tolerance={"atol": "x"}), "tolerance"),
+    # the map-only package: format 5 only, a one-way model only, whole, the buckets' inputs without the points
+    (lambda m: m.update(format="depthpack-manifest/4"), "map-only package .* needs format depthpack-manifest/5"),
+    (lambda m: m["model_config"].update(glance_stream="shared"), "needs the one-way glance stream"),
+    (lambda m: m["map"].pop("sha256"), "missing keys \\['sha256'\\] of the map-only package"),
+    (lambda m: m["map"].update(file="../map.pt2"), "map: file must be a plain file name"),
+    (lambda m: m["map"]["inputs"].append(m["buckets"][0]["inputs"][1]), "not \\[\\[1, 3, 64, 64\\]\\]"),
+    (lambda m: m["map"]["outputs"][0].update(shape=[1, 16, 16]), "map-only package's tensors"),
 ])
 def test_malformed_manifest_is_one_clear_error(exported, tmp_path, edit, message):
     m = json.loads(json.dumps(exported.manifest))
@@ -459,7 +533,7 @@ def test_reuse_packages_takes_new_weights_without_a_compile(exported, tmp_path):
                      preset, log=lambda m: None)
     assert summary["times"]["compile_s"] == {} and summary["check"]["reference"]["ok"]
     m = json.loads((out / "manifest.json").read_text())
-    for b, old in zip(m["buckets"], exported.manifest["buckets"]):
+    for b, old in zip(m["buckets"] + [m["map"]], exported.manifest["buckets"] + [exported.manifest["map"]]):
         assert b["sha256"] == old["sha256"] and (out / b["file"]).read_bytes() == (exported.out / b["file"]).read_bytes()
     assert m["weights"]["sha256"] != exported.manifest["weights"]["sha256"]
     _, runners = load_runners(out / "manifest.json", "cpu")

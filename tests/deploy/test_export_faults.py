@@ -161,6 +161,9 @@ def test_a_killed_export_leaves_no_process_behind_and_the_next_clears_its_tempor
         time.sleep(0.5)
     assert not alive, f"left running after {sig}: {[_cmdline(k)[:120] for k in alive]}"
     stale = list(tmp.glob("depthpack_eps_*"))
+    if sig == "SIGTERM":  # it unwinds (cli.run(sigterm=True)): its own temporary folder is gone
+        assert stale == []
+        return
     assert stale and all(p.name.startswith(f"depthpack_eps_{proc.pid}_") for p in stale)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     with process_temporary_dir("depthpack_eps_") as mine:
@@ -181,3 +184,76 @@ def test_a_compile_child_that_dies_holding_a_semaphore_is_still_one_line(tmp_pat
     one_line_error(p, "AOTInductor compile of depthpack_k8.pt2 failed")
     after = p.stderr.replace("\r", "\n").strip().splitlines()
     assert after[-1].startswith("export: error:") and "leaked" not in p.stderr, p.stderr[-2000:]
+
+
+def _signal_while_compiling(tmp_path: Path, sig) -> dict:
+    """An export over a previous export folder, sent sig (to the exporter alone) once its compile child
+    runs: the seconds it took to end, its exit code and stderr, the processes it had started then, and
+    the previous folder's files before."""
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"previous": "export"}\n')  # what check_out_dir takes for an export
+    (out / "depthpack_k8.pt2").write_bytes(b"the previous package")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    cmd = [sys.executable, "-m", "depthpack.export", "--preset", "tiny", "--out", str(out), "--buckets", "8"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until the compile child runs, at most 10 minutes
+            kids = _descendants(proc.pid)
+            if any("spawn_main" in _cmdline(k) for k in kids) or proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the export ended before its compile child was seen"
+        time.sleep(2.0)  # into the compile
+        kids = _descendants(proc.pid)
+        t0 = time.monotonic()
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=120)
+        took = time.monotonic() - t0
+        err = proc.stderr.read()  # to its end: when the resource tracker, which shares it, is gone too
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return {"took": took, "code": proc.returncode, "err": err.replace("\r", "\n"), "kids": kids, "out": out,
+            "before": before}
+
+
+def _gone(pids: set[int], seconds: float = 10.0) -> list[int]:
+    """Those of pids still running after up to `seconds`."""
+    for _ in range(int(seconds / 0.25)):
+        alive = [k for k in pids if _running(k)]
+        if not alive:
+            break
+        time.sleep(0.25)
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_ctrl_c_ends_the_compile_at_once_and_leaves_the_previous_export(tmp_path):
+    """Ctrl-C (SIGINT) while a package compiles: the exporter ends its compile child and the compilers
+    under it and returns within 2 s (it waited for the package being compiled), one line, exit 130; the
+    previous export in --out is as it was, no staging folder beside it."""
+    import signal
+
+    r = _signal_while_compiling(tmp_path, signal.SIGINT)
+    assert r["code"] == 130 and r["took"] < 2.0, (r["code"], r["took"], r["err"][-2000:])
+    assert r["err"].strip().splitlines()[-1] == "export: interrupted" and "Traceback" not in r["err"], r["err"][-2000:]
+    alive = _gone(r["kids"])
+    assert not alive, f"left running: {[_cmdline(k)[:120] for k in alive]}"
+    assert {p.name: p.read_bytes() for p in r["out"].iterdir()} == r["before"]
+    assert [p.name for p in tmp_path.iterdir()] == ["exp"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_sigterm_unwinds_without_a_resource_tracker_warning(tmp_path):
+    """SIGTERM while a package compiles: one line, exit 143, and nothing after it (the default action died
+    at once, and multiprocessing's resource tracker then warned of the pool's leaked semaphores, 2 lines);
+    the compile child ended, the previous export as it was."""
+    import signal
+
+    r = _signal_while_compiling(tmp_path, signal.SIGTERM)
+    lines = r["err"].strip().splitlines()
+    assert r["code"] == 143 and lines[-1] == "export: terminated", r["err"][-2000:]
+    assert "resource_tracker" not in r["err"] and "leaked" not in r["err"] and "Traceback" not in r["err"], r["err"][-2000:]
+    assert not _gone(r["kids"])
+    assert {p.name: p.read_bytes() for p in r["out"].iterdir()} == r["before"]

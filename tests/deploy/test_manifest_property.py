@@ -19,9 +19,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from depthpack.deploy.contract import (BUCKET_KEYS, DTYPES, FOCAL_UNITS, FORMAT, FRAME_FORMATS, PREPROCESS, REQUIRED_KEYS,
-                                       TOLERANCE, ManifestError, check_device, io_specs, onnx_name, package_name,
-                                       read_manifest)
+from depthpack.deploy.contract import (BUCKET_KEYS, DTYPES, FOCAL_UNITS, FORMAT, FRAME_FORMATS, MAP_PACKAGE, PREPROCESS,
+                                       REQUIRED_KEYS, TOLERANCE, ManifestError, check_device, io_specs, map_specs,
+                                       onnx_name, package_name, read_manifest)
 
 SHA = "ab" * 32
 
@@ -29,14 +29,20 @@ SHA = "ab" * 32
 FOCAL = {"default": 40.0, "canonical": 48.0, "units": FOCAL_UNITS}  # a model with a focal input
 
 
-def real_manifest(frame: dict | None = None, focal: dict | None = None) -> dict:
+def real_manifest(frame: dict | None = None, focal: dict | None = None, oneway: bool = False) -> dict:
+    """oneway: a one-way model with a glance depth: a map, and the map-only package."""
     buckets = []
+    dmap = (32, 32) if oneway else None
     for k in (8, 64):
-        inputs, outputs = io_specs((64, 64), 1, k, frame, focal is not None)
+        inputs, outputs = io_specs((64, 64), 1, k, frame, focal is not None, dmap)
         buckets.append({"bucket": k, "file": package_name(k), "sha256": SHA, "inputs": inputs, "outputs": outputs})
+    inputs, outputs = map_specs((64, 64), 1, frame, focal is not None, dmap) if oneway else (None, None)
     return {
         "format": FORMAT, "preset": "tiny",
-        "model_config": {"img_size": [64, 64], "patch_size": 8, "embed_dim": 64, "buckets": [8, 64]},
+        "model_config": {"img_size": [64, 64], "patch_size": 8, "embed_dim": 64, "buckets": [8, 64],
+                         "glance_stream": "oneway" if oneway else "shared"},
+        **({"map": {"size": [32, 32], "file": MAP_PACKAGE, "sha256": SHA, "inputs": inputs, "outputs": outputs}}
+           if oneway else {}),
         "image_size": [64, 64], "patch_size": 8, "batch_size": 1, "device": "cpu", "compute_capability": None,
         "arch": platform.machine(), "dtype": "float32", "torch_version": torch.__version__,
         "min_depth": 0.1, "max_depth": 20.0, "frame": frame, **({"focal": dict(focal)} if focal else {}),
@@ -77,9 +83,18 @@ def satisfies_contract(m: dict) -> None:
     shas = ([b["sha256"] for b in m["buckets"]] + [m["reference"]["sha256"]] + [o["sha256"] for o in m.get("onnx", [])]
             + ([weights["sha256"]] if weights else []))
     assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in shas)
+    dmap = m.get("map")
+    assert dmap is None or (len(dmap["size"]) == 2 and all(pos(s) for s in dmap["size"]))
+    size = tuple(dmap["size"]) if dmap else None
     for b in m["buckets"]:
         assert set(BUCKET_KEYS) <= set(b)
-        assert (b["inputs"], b["outputs"]) == tuple(io_specs((H, W), m["batch_size"], b["bucket"], frame, focal is not None))
+        assert (b["inputs"], b["outputs"]) == tuple(io_specs((H, W), m["batch_size"], b["bucket"], frame, focal is not None,
+                                                             size))
+    if dmap and "file" in dmap:  # the map-only package: format 5, a one-way model, its specs, a plain name, a sha256
+        assert m["format"] == FORMAT and m["model_config"]["glance_stream"] == "oneway"
+        assert (dmap["inputs"], dmap["outputs"]) == map_specs((H, W), m["batch_size"], frame, focal is not None, size)
+        assert isinstance(dmap["file"], str) and "/" not in dmap["file"] and dmap["file"] not in ("", ".", "..")
+        assert re.fullmatch(r"[0-9a-f]{64}", dmap["sha256"])
 
 
 def _paths(doc, prefix=()):
@@ -90,7 +105,7 @@ def _paths(doc, prefix=()):
         yield from _paths(v, prefix + (k,))
 
 
-ALL_PATHS = [p for p in _paths(real_manifest(focal=FOCAL)) if p]  # a path absent from a document is skipped
+ALL_PATHS = [p for p in _paths(real_manifest(focal=FOCAL, oneway=True)) if p]  # a path absent from a document is skipped
 nasty = st.one_of(
     st.sampled_from([None, True, False, 0, -1, 1, 3, 2**31, 2**63, 10**30, -10**30, 1.5, float("nan"), float("inf"),
                      "", ".", "..", "../../etc/passwd", "/etc/passwd", "a/b.pt2", "..\\x.pt2", "x\x00.pt2",
@@ -139,31 +154,36 @@ def _check(tmp_path_factory, doc) -> None:
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from([None, {"size": [48, 80], "color": "bgr"}]), edits, st.sampled_from([None, FOCAL]))
-@example(None, [(("buckets", 0, "sha256"), "drop", None)], None)  # a KeyError once, in Predictor.from_packages
-@example(None, [(("torch_version",), "set", 5)], None)
-@example(None, [(("buckets", 0, "inputs"), "set", 5)], None)
-@example(None, [(("reference", "file"), "set", "../../etc/passwd")], None)
-@example(None, [(("weights", "file"), "set", "../../etc/passwd")], None)
-@example(None, [(("weights",), "drop", None)], None)
-@example(None, [(("tolerance", "atol"), "set", float("nan"))], None)
-@example(None, [(("image_size",), "set", [10**9, 10**9])], None)
-@example(None, [(("patch_size",), "set", 0)], None)
-@example(None, [(("focal", "default"), "set", float("nan"))], FOCAL)
-@example(None, [(("focal",), "drop", None)], FOCAL)  # packages with a focal input, no manifest entry
-@example(None, [(("buckets", 0, "inputs", 2), "drop", None)], FOCAL)
-def test_mutated_manifest_loads_within_the_contract_or_is_one_manifest_error(tmp_path_factory, frame, edits, focal):
-    doc = copy.deepcopy(real_manifest(frame, focal))
+@given(st.sampled_from([None, {"size": [48, 80], "color": "bgr"}]), edits, st.sampled_from([None, FOCAL]), st.booleans())
+@example(None, [(("buckets", 0, "sha256"), "drop", None)], None, False)  # a KeyError once, in Predictor.from_packages
+@example(None, [(("torch_version",), "set", 5)], None, False)
+@example(None, [(("buckets", 0, "inputs"), "set", 5)], None, False)
+@example(None, [(("reference", "file"), "set", "../../etc/passwd")], None, False)
+@example(None, [(("weights", "file"), "set", "../../etc/passwd")], None, False)
+@example(None, [(("weights",), "drop", None)], None, False)
+@example(None, [(("tolerance", "atol"), "set", float("nan"))], None, False)
+@example(None, [(("image_size",), "set", [10**9, 10**9])], None, False)
+@example(None, [(("patch_size",), "set", 0)], None, False)
+@example(None, [(("focal", "default"), "set", float("nan"))], FOCAL, False)
+@example(None, [(("focal",), "drop", None)], FOCAL, False)  # packages with a focal input, no manifest entry
+@example(None, [(("buckets", 0, "inputs", 2), "drop", None)], FOCAL, False)
+@example(None, [(("map", "file"), "drop", None)], None, True)  # a map-only package without its file
+@example(None, [(("model_config",), "set", 5)], None, True)  # no glance_stream to read
+@example(None, [(("map", "inputs", 0), "drop", None)], FOCAL, True)
+def test_mutated_manifest_loads_within_the_contract_or_is_one_manifest_error(tmp_path_factory, frame, edits, focal,
+                                                                             oneway):
+    doc = copy.deepcopy(real_manifest(frame, focal, oneway))
     for edit in edits:
         _apply(doc, *edit)
     _check(tmp_path_factory, doc)
 
 
+@pytest.mark.parametrize("oneway", [False, True])
 @pytest.mark.parametrize("focal", [None, FOCAL])
 @pytest.mark.parametrize("frame", [None, {"size": [48, 80], "color": "bgr"}])
-def test_the_unmutated_manifest_loads(tmp_path, frame, focal):
+def test_the_unmutated_manifest_loads(tmp_path, frame, focal, oneway):
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps(real_manifest(frame, focal)))
+    path.write_text(json.dumps(real_manifest(frame, focal, oneway)))
     m = read_manifest(path)
     satisfies_contract(m)
     assert [t["name"] for t in m["buckets"][0]["inputs"]][2:] == (["focal"] if focal else [])

@@ -3,6 +3,7 @@ validation, threads; on a GPU: no host sync in steady state, no recapture/recomp
 import copy
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -289,3 +290,60 @@ def test_gpu_aoti_backend_graphs_no_sync(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert pred.captures == 2
+
+
+# ---- the map alone, and the empty batch ---------------------------------------------------------------
+@pytest.mark.parametrize("recipe", [REFERENCE, COMPILED], ids=["eager", "compiled"])
+def test_a_map_only_call_runs_the_one_way_glance_alone(recipe):
+    """Q = 0 with return_map on the one-way stream: the glance alone (glance_map_core, compiled with the
+    recipe like the buckets' functions), one map per image of a batch of 3 on a static batch of 2; frames
+    too (resized inside); warmup(return_map=True) warms it as bucket 0, and nothing compiles after."""
+    m = _model(buckets=(8, 16))
+    assert m.cfg.oneway
+    pred = Predictor(m, device="cpu", recipe=recipe, batch_size=2)
+    assert 0 in pred.warmup(return_map=True) or not pred.engine.static
+    before = compile_counter()
+    images, _ = _inputs(3, 0, gen=torch.Generator().manual_seed(5))
+    depth, dmap = pred.predict(images, torch.zeros(3, 0, 2), return_map=True)
+    with torch.no_grad():
+        want = m.glance_map_core(images)
+    assert depth.shape == (3, 0) and dmap.shape == want.shape == (3, *m.cfg.glance_map_size)
+    torch.testing.assert_close(dmap, want, rtol=1e-5, atol=1e-5)
+    assert compile_counter() == before, "the map-only function compiled after warmup"
+    frame = (torch.rand(48, 80, 3, generator=torch.Generator().manual_seed(6)) * 255).to(torch.uint8)
+    _, fmap = Predictor(m, device="cpu", recipe=recipe, color="rgb").predict(frame.numpy(), np.zeros((0, 2)), return_map=True)
+    from depthpack.core.preprocess import frames_to_images
+    with torch.no_grad():
+        torch.testing.assert_close(fmap, m.glance_map_core(frames_to_images(frame[None], (64, 64), "rgb")),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("recipe", [REFERENCE, COMPILED], ids=["eager", "compiled"])
+def test_a_map_only_call_of_a_shared_stream_model_runs_the_inputs_centre(recipe):
+    """Shared stream: the map depends on the buffer, so a map-only call runs one point, the input's centre
+    (w/2, h/2) in its pixels (the C++ runner's point too), and the test can tell it from (0, 0)."""
+    m = _model(buckets=(8, 16), glance_stream="shared")
+    images, _ = _inputs(1, 0, gen=torch.Generator().manual_seed(7))
+    _, dmap = Predictor(m, device="cpu", recipe=recipe).predict(images, torch.zeros(1, 0, 2), return_map=True)
+    with torch.no_grad():
+        centre = m.packed_map_core(images, torch.tensor([[[32.0, 32.0]]]).expand(1, 8, 2), 8)[1]
+        origin = m.packed_map_core(images, torch.zeros(1, 8, 2), 8)[1]
+    torch.testing.assert_close(dmap, centre, rtol=1e-5, atol=1e-5)
+    assert (origin - centre).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="one-way glance stream"):
+        Predictor(m, device="cpu", recipe=recipe).engine.map_core()
+
+
+@pytest.mark.parametrize("recipe", [REFERENCE, COMPILED], ids=["eager", "compiled"])
+def test_an_empty_batch_gives_empty_answers(recipe):
+    """B = 0 float images: [0, Q] depths and a [0, rows, cols] map (an IndexError in frames.py before); a
+    model without a map still refuses return_map, naming why."""
+    m = _model(buckets=(8, 16))
+    pred = Predictor(m, device="cpu", recipe=recipe)
+    empty = torch.zeros(0, 3, 64, 64)
+    assert pred.predict(empty, torch.zeros(0, 5, 2)).shape == (0, 5)
+    depth, dmap = pred.predict(empty, torch.zeros(0, 0, 2), return_map=True)
+    assert depth.shape == (0, 0) and dmap.shape == (0, *m.cfg.glance_map_size)
+    plain = Predictor(_model(context="thumbnail"), device="cpu", recipe=recipe)
+    with pytest.raises(ValueError, match="no glance depth"):
+        plain.predict(empty, torch.zeros(0, 5, 2), return_map=True)
