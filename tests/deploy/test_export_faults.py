@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -206,6 +207,9 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
         assert proc.poll() is None, "the export ended before its compile child was seen"
         time.sleep(2.0)  # into the compile
         kids = _descendants(proc.pid)
+        for k in kids:  # the compile frozen: an exporter that waits for it never returns (a hang, not a slow test)
+            if k != proc.pid and "resource_tracker" not in _cmdline(k):
+                os.kill(k, signal.SIGSTOP)
         t0 = time.monotonic()
         os.kill(proc.pid, sig)
         proc.wait(timeout=120)
@@ -231,12 +235,10 @@ def _gone(pids: set[int], seconds: float = 10.0) -> list[int]:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
 def test_ctrl_c_ends_the_compile_at_once_and_leaves_the_previous_export(tmp_path):
     """Ctrl-C (SIGINT) while a package compiles: the exporter ends its compile child and the compilers
-    under it and returns within 2 s (it waited for the package being compiled), one line, exit 130; the
-    previous export in --out is as it was, no staging folder beside it."""
-    import signal
-
+    under it instead of waiting for the package being compiled (the compile is frozen, so waiting would never
+    return), one line, exit 130; the previous export in --out is as it was, no staging folder beside it."""
     r = _signal_while_compiling(tmp_path, signal.SIGINT)
-    assert r["code"] == 130 and r["took"] < 2.0, (r["code"], r["took"], r["err"][-2000:])
+    assert r["code"] == 130, (r["code"], r["took"], r["err"][-2000:])
     assert r["err"].strip().splitlines()[-1] == "export: interrupted" and "Traceback" not in r["err"], r["err"][-2000:]
     alive = _gone(r["kids"])
     assert not alive, f"left running: {[_cmdline(k)[:120] for k in alive]}"
@@ -249,8 +251,6 @@ def test_sigterm_unwinds_without_a_resource_tracker_warning(tmp_path):
     """SIGTERM while a package compiles: one line, exit 143, and nothing after it (the default action died
     at once, and multiprocessing's resource tracker then warned of the pool's leaked semaphores, 2 lines);
     the compile child ended, the previous export as it was."""
-    import signal
-
     r = _signal_while_compiling(tmp_path, signal.SIGTERM)
     lines = r["err"].strip().splitlines()
     assert r["code"] == 143 and lines[-1] == "export: terminated", r["err"][-2000:]
