@@ -1310,6 +1310,11 @@ def test_cuda_graph_equals_no_graph_and_reference(runner, cuda_exported, tmp_pat
         assert f"graph={0 if flag else 1}" in proc.stderr
         outs[bool(flag)] = read_out(tmp_path / "o.csv")
     np.testing.assert_array_equal(outs[True], outs[False])  # the graph replays the very same kernels
+    # the one-way map on CUDA: the map-only package (captured) and two point sets give one map
+    maps = [_cpp_map(runner, d, ref, tmp_path, p) for p in (None, np.full((3, 2), 5.0, np.float32),
+                                                            np.full((12, 2), 40.0, np.float32))]
+    for m in maps[1:]:
+        assert_close(m.ravel(), maps[0].ravel(), *tolerance(d))
 
 
 @pytest.mark.gpu

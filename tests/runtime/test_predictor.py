@@ -208,6 +208,27 @@ def test_gpu_recipes_match_eager_no_sync_no_recapture(fast, batch):
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("batch", [1, 2], ids=["fast-b1-hybrid", "fast-b2"])
+def test_gpu_one_way_map_is_one_map_per_image(batch):
+    """The one-way glance on a GPU with the fast recipe (the hybrid blocks' key limit at batch 1): two point sets,
+    two buckets and a map-only call (the prefix alone, compiled and captured) give the eager glance_map_core's map
+    within the recipe's rounding, and the depths still match the eager model."""
+    pred, ref = _gpu_pred("fast", batch=batch)
+    assert ref.cfg.oneway
+    pred.warmup(return_map=True)
+    images = _inputs(batch, 1, device="cuda")[0]
+    with torch.no_grad():
+        want = ref.glance_map_core(images)
+    for q in (5, 40, 0):
+        points = _inputs(batch, q, gen=torch.Generator().manual_seed(q))[1]
+        depth, dmap = pred.predict(images, points, return_map=True)
+        torch.testing.assert_close(dmap, want, rtol=2e-3, atol=2e-3)
+        if q:
+            torch.testing.assert_close(depth, ref(images, points.cuda()), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@cuda
 def test_gpu_device_points_unvalidated_no_sync():
     pred, ref = _gpu_pred(Recipe(graph=True), validate=False)
     pred.warmup()
