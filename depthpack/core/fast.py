@@ -15,8 +15,11 @@ A Recipe is a set of measured winners (docs/performance.md has each one's figure
                    block (kernels.vit_block), the rest left to Inductor and cuBLAS; "timm": timm's blocks
     fold_input     the input normalization folded into the patch-embedding weights at deploy time, K padded to
                    a multiple of 8 (DepthPack.fold_input_): no pass over the whole image, aligned GEMMs
+    prefix_once    more queries than the largest bucket, with the one-way glance stream: the prefix runs once per
+                   image and every chunk reads its keys and values (DepthPack.packed_chunks), instead of once a
+                   chunk; the eager runtime's (a static recipe runs each bucket's graph whole)
 The hybrid blocks win at batch 1 and lose at batch 8 (docs/performance.md), so the recipe depends on the batch.
-On a CPU the recipe is the reference: nothing was measured to beat it there.
+On a CPU the recipe is the reference model with prefix_once.
 """
 from __future__ import annotations
 
@@ -37,12 +40,16 @@ class Recipe:
     fold_input: bool = False
     combo_kernels: bool = False
     backend: str = "inductor"
+    prefix_once: bool = False
 
     def __post_init__(self) -> None:
         if self.selection not in SELECTIONS:
             raise ValueError(f"recipe selection {self.selection!r}: choose one of {', '.join(SELECTIONS)}")
         if self.blocks not in BLOCKS:
             raise ValueError(f"recipe blocks {self.blocks!r}: choose one of {', '.join(BLOCKS)}")
+        if self.prefix_once and (self.compile or self.graph):
+            raise ValueError("recipe prefix_once is the eager runtime's: a compiled or graphed recipe runs each "
+                             "bucket's graph whole")
 
     @property
     def kernels(self) -> dict[str, Any]:
@@ -56,7 +63,8 @@ class Recipe:
 
     def describe(self) -> dict[str, Any]:
         return dict(compile=self.compile, graph=self.graph, **self.kernels, inductor=self.inductor_options(),
-                    **({"backend": self.backend} if self.backend != "inductor" else {}))
+                    **({"backend": self.backend} if self.backend != "inductor" else {}),
+                    **({"prefix_once": True} if self.prefix_once else {}))
 
 
 REFERENCE = Recipe()
@@ -66,7 +74,7 @@ def fast_recipe(device: Any, batch: int = 1) -> Recipe:
     """The fastest measured recipe for this device ("cuda", "cpu", a torch.device) and batch size."""
     kind = getattr(device, "type", str(device).split(":")[0])
     if kind != "cuda":
-        return REFERENCE
+        return Recipe(prefix_once=True)
     return Recipe(compile=True, graph=True, selection="count", gelu_epilogue=True, fold_input=True,
                   blocks="hybrid" if batch == 1 else "timm", combo_kernels=True)
 

@@ -534,12 +534,14 @@ class DepthPack(nn.Module):
         images, points = check_inputs(images, points, self.cfg.patch_size)
         focal = check_focal(focal, images.shape[0], images.device)
         if prefix_once and self.cfg.oneway and points.shape[1] > self.cfg.buckets[-1]:
-            return self._packed_chunks(images, points, focal, anchors)
+            return self.packed_chunks(images, points, focal, anchors)
         return run_chunked(functools.partial(self.packed_core, anchors=anchors), images, points,
                            self.cfg.buckets, focal)
 
-    def _packed_chunks(self, images, points, focal, anchors: bool) -> torch.Tensor:
-        """The packed path over chunks of queries, the one-way prefix run once for all of them."""
+    def packed_chunks(self, images: torch.Tensor, points: torch.Tensor, focal: torch.Tensor | None = None,
+                      anchors: bool = True) -> torch.Tensor:
+        """The packed path over chunks of queries (unchecked inputs, as the cores), the one-way prefix run once
+        for all of them: depth [B,Q]."""
         glance, kvs = self.encode_prefix(images, anchors)
         scale, hw = self.focal_scale(images, focal), tuple(images.shape[-2:])
 

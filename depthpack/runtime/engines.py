@@ -107,6 +107,7 @@ class ModelEngine:
         self.map_size = tuple(cfg.glance_map_size) if cfg.glance_depth else None
         self.map_only = bool(cfg.glance_depth) and cfg.oneway  # the map needs no points: the glance alone
         self.static = recipe.compile or recipe.graph  # a fixed batch and input size
+        self.prefix_once = recipe.prefix_once and cfg.oneway  # chunks read the prefix run once (packed_chunks)
 
     def core(self, with_map: bool = False) -> Callable:
         check_map(with_map, self.has_map, "the model has no glance depth (model.glance_depth)")
@@ -151,7 +152,7 @@ class PackageEngine:
         self.has_map = len(m["buckets"][0]["outputs"]) > 1  # manifests before the map have one output
         self.map_size, self.map_only = map_size(m), self.map_fn is not None  # the map-only package
         self.recipe = Recipe(graph=device.type == "cuda")
-        self.static = True
+        self.static, self.prefix_once = True, False
 
     def core(self, with_map: bool = False) -> Callable:
         check_map(with_map, self.has_map, "these packages have no map (exported before the glance depth, or "

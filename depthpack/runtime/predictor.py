@@ -315,6 +315,9 @@ class Predictor:
         Q = points.shape[1]
         if with_map and Q == 0 and self.engine.map_only:  # the map alone, no points
             return self.engine.map_core()(images, points, 0, *focal)
+        if Q > self.buckets[-1] and self.engine.prefix_once and (self.engine.map_only or not with_map):  # prefix once
+            out.copy_(self.engine.model.packed_chunks(images, points, *focal), non_blocking=True)
+            return self.engine.map_core()(images, points, 0, *focal) if with_map else None
         if Q == 0:  # a map-only call of a shared-stream model runs one point, the input's centre
             points = self._centre(batch, points.shape[0]).to(self.device)
             points = scale_points(points, batch.size, self.image_size) if batch.kind == "frames" else points

@@ -74,17 +74,37 @@ def test_compile_soak_no_recompile_batch_groups():
     assert compile_counter() == before, "recompiled after warmup"
 
 
-def test_default_is_the_fast_recipe_and_reference_is_the_plain_model():
-    """On a CPU the fast recipe is the reference (eager, float32); "reference" is the reference anywhere; the
-    recipe on CUDA depends on the batch size: the hybrid blocks at batch 1 only. Decided at construction."""
+def test_prefix_once_is_the_models_chunks_and_its_switch_runs_each_chunk_whole():
+    """More queries than the largest bucket on the one-way stream: the CPU recipe runs the prefix once (the model's
+    packed_chunks) and equals the reference recipe, which runs every chunk whole, within float32 rounding; the map
+    of such a call is the glance alone."""
     m = _model()
+    assert m.cfg.oneway and m.cfg.buckets[-1] == 64
+    images, points = _inputs(2, 150)
+    once, whole = Predictor(m, device="cpu"), Predictor(m, device="cpu", recipe="reference")
+    assert once.engine.prefix_once and not whole.engine.prefix_once
+    depth, dmap = once.predict(images, points, return_map=True)
+    with torch.no_grad():
+        torch.testing.assert_close(depth, m.packed_chunks(images, points), rtol=0, atol=0)
+        torch.testing.assert_close(dmap, m.glance_map_core(images), rtol=0, atol=0)
+    torch.testing.assert_close(depth, whole.predict(images, points), rtol=1e-5, atol=1e-5)
+
+
+def test_default_is_the_fast_recipe_and_reference_is_the_plain_model():
+    """On a CPU the fast recipe is the reference with the prefix run once for every chunk (eager, float32);
+    "reference" is the reference anywhere; the recipe on CUDA depends on the batch size: the hybrid blocks at batch 1
+    only. Decided at construction."""
+    m = _model()
+    cpu = Recipe(prefix_once=True)
     assert Predictor(m, device="cpu").predict(*_inputs(1, 5)).shape == (1, 5)
-    assert Predictor(m, device="cpu").recipe == REFERENCE  # decided at construction
+    assert Predictor(m, device="cpu").recipe == cpu  # decided at construction
     pred = Predictor(m, device="cpu", batch_size=3)
-    assert pred.recipe == REFERENCE and pred.dtype == torch.float32
+    assert pred.recipe == cpu and pred.dtype == torch.float32
     assert Predictor(m, device="cpu", recipe="reference").recipe == REFERENCE
     assert fast_recipe("cuda", 1).blocks == "hybrid" and fast_recipe("cuda", 8).blocks == "timm"
-    assert fast_recipe("cuda", 1).compile and fast_recipe("cuda", 1).graph and fast_recipe("cpu", 1) == REFERENCE
+    assert fast_recipe("cuda", 1).compile and fast_recipe("cuda", 1).graph and fast_recipe("cpu", 1) == cpu
+    with pytest.raises(ValueError, match="prefix_once is the eager runtime's"):
+        Recipe(prefix_once=True, graph=True)
     with pytest.raises(ValueError, match="recipe must be one of fast, reference"):
         Predictor(m, device="cpu", recipe="yes")
 
