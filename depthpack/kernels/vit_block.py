@@ -55,13 +55,14 @@ LOG2E = 1.4426950408889634
 # ---- the reference: the kernels' arithmetic in torch ------------------------------------------------
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int = 0,
               attn_mask: torch.Tensor | None = None, detach_prefix: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd)) v, q k v [B,H,S,hd] -> [B,H,S,hd], with the one-way rule: rows below
-    `prefix` read only the keys below it, the others read every key (prefix 0 or >= S: every row every key).
-    attn_mask: a key mask [B,1,1,S] (additive or boolean) that never removes a prefix key; it applies to the
-    other rows. detach_prefix: the other rows read the prefix keys and values through a stop-gradient."""
+    """softmax(q k^T / sqrt(hd)) v, q k v [B,H,S,hd] -> [B,S,H,hd] (token-major, as the projection reads it), with
+    the one-way rule: rows below `prefix` read only the keys below it, the others read every key (prefix 0 or
+    >= S: every row every key). attn_mask: a key mask [B,1,1,S] (additive or boolean) that never removes a prefix
+    key; it applies to the other rows. detach_prefix: the other rows read the prefix keys and values through a
+    stop-gradient."""
     S = q.shape[2]
     if not 0 < prefix < S:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask).transpose(1, 2)
     if attn_mask is not None and attn_mask.shape[-2] != 1:
         raise ValueError(f"one-way attention takes a key mask [B,1,1,S], got {tuple(attn_mask.shape)}")
     kp, vp = k[:, :, :prefix], v[:, :, :prefix]
@@ -70,7 +71,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int = 0
         k = torch.cat([kp.detach(), k[:, :, prefix:]], 2)
         v = torch.cat([vp.detach(), v[:, :, prefix:]], 2)
     tail = F.scaled_dot_product_attention(q[:, :, prefix:], k, v, attn_mask=attn_mask)
-    return torch.cat([head, tail], 2)
+    return torch.cat([head.transpose(1, 2), tail.transpose(1, 2)], 1)  # one copy, token-major
 
 
 def self_attention(attn: nn.Module, x: torch.Tensor, prefix: int = 0, attn_mask: torch.Tensor | None = None,
@@ -84,10 +85,10 @@ def self_attention(attn: nn.Module, x: torch.Tensor, prefix: int = 0, attn_mask:
     q, k = attn.q_norm(q), attn.k_norm(k)
     if prefix_kv is not None:
         o = F.scaled_dot_product_attention(q, torch.cat([prefix_kv[0], k], 2), torch.cat([prefix_kv[1], v], 2),
-                                           attn_mask=attn_mask)
+                                           attn_mask=attn_mask).transpose(1, 2)
     else:
         o = attention(q, k, v, prefix, attn_mask, detach_prefix)
-    o = o.transpose(1, 2).reshape(B, S, width)
+    o = o.reshape(B, S, width)
     o = getattr(attn, "norm", nn.Identity())(o)
     return attn.proj_drop(attn.proj(o)), (k, v)
 
@@ -98,7 +99,7 @@ def attn_proj_res_reference(qkv, x, proj_w, proj_b, ls1, num_heads: int, prefix:
     projection."""
     B, S, D = x.shape
     q, k, v = qkv.view(B, S, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).float()
-    o = attention(q, k, v, prefix).to(qkv.dtype).transpose(1, 2).reshape(B, S, D)
+    o = attention(q, k, v, prefix).to(qkv.dtype).reshape(B, S, D)
     o = F.linear(o, proj_w, proj_b).float()
     return x.float() + (o * ls1.float() if ls1 is not None else o)
 

@@ -73,7 +73,7 @@ def test_packed_equals_masked_and_dense_one_way(oneway, B, Q, seed):
 
 
 def _prefix_rows_blind(fn, P: int, S: int, seed: int) -> None:
-    """fn(q, k, v) [B,H,S,hd] -> [B,H,S,hd]: the first P rows do not change when every key and value past P
+    """fn(q, k, v) [B,H,S,hd] -> [B,S,H,hd]: the first P rows do not change when every key and value past P
     does; the other rows do (they read them)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 3, S, 16, generator=g) for _ in range(3))
@@ -81,8 +81,8 @@ def _prefix_rows_blind(fn, P: int, S: int, seed: int) -> None:
     k2[:, :, P:] += torch.randn(k2[:, :, P:].shape, generator=g)
     v2[:, :, P:] += torch.randn(v2[:, :, P:].shape, generator=g)
     a, b = fn(q, k, v), fn(q, k2, v2)
-    assert torch.equal(a[:, :, :P], b[:, :, :P]), "a prefix row read a patch key"
-    assert (a[:, :, P:] - b[:, :, P:]).abs().max() > 0
+    assert torch.equal(a[:, :P], b[:, :P]), "a prefix row read a patch key"
+    assert (a[:, P:] - b[:, P:]).abs().max() > 0
 
 
 @pytest.mark.parametrize("P,S", [(1, 9), (5, 40), (17, 18)])
@@ -96,7 +96,7 @@ def test_no_prefix_row_sees_a_patch_key_eager(P, S):
     q, k, v = (torch.randn(2, 3, S, 16, generator=g) for _ in range(3))
     allowed = torch.ones(S, S, dtype=torch.bool)
     allowed[:P, P:] = False
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2)
     torch.testing.assert_close(attention(q, k, v, P), want, rtol=1e-5, atol=1e-6)
 
 
