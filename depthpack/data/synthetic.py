@@ -127,7 +127,8 @@ class Scene:
     extent: float = 0.0  # indoor: the room's diagonal (bounds how far a shadow reaches)
     room: tuple[float, float, float] | None = None  # indoor: (X, Y, Z), the room is [0,X] x [0,Y] x [0,Z]
     street: tuple[float, float] | None = None  # outdoor: half width of the road, sidewalk width
-    family: dict = field(default_factory=dict)  # index of a primitive -> the family that added it
+    family: dict = field(default_factory=dict)  # index of a primitive -> the family that added it (thin, distant,
+    #                                             front; fixture: the parts of a thin structure that are not thin)
 
 
 def _color(rng, lo=0.15, hi=0.9):
@@ -351,14 +352,14 @@ def _thin_indoor(sc, cam, rng, W, f_ref, mat, add) -> None:
         hx, hz = (rng.uniform(0.4, 0.8), rng.uniform(0.25, 0.45)) if kind == "table" else (rng.uniform(0.18, 0.25),) * 2
         height = rng.uniform(0.7, 0.78) if kind == "table" else rng.uniform(0.42, 0.48)
         add("thin", *_legs(cam, rng, f_ref, x, z, hx - 0.03, hz - 0.03, yaw, height, m))
-        add("thin", Box(np.array([x, height + 0.015, z]), np.array([hx, 0.015, hz]), yaw, m))
+        add("fixture", Box(np.array([x, height + 0.015, z]), np.array([hx, 0.015, hz]), yaw, m))
         if kind == "chair":  # the back: a thin board above the seat's far edge
             bx, bz = x + math.sin(yaw) * hz, z + math.cos(yaw) * hz
-            add("thin", Box(np.array([bx, height + 0.25, bz]), np.array([hx, 0.2, 0.012]), yaw, m))
+            add("fixture", Box(np.array([bx, height + 0.25, bz]), np.array([hx, 0.2, 0.012]), yaw, m))
     elif kind == "lamp":
         height = rng.uniform(1.3, min(1.9, Y - 0.4))
-        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, f_ref, np.array([x, 1.0, z])), height, m),
-            Cylinder(np.array([x, 0.0, z]), rng.uniform(0.12, 0.2), 0.02, m),
+        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, f_ref, np.array([x, 1.0, z])), height, m))
+        add("fixture", Cylinder(np.array([x, 0.0, z]), rng.uniform(0.12, 0.2), 0.02, m),
             Sphere(np.array([x, height + 0.12, z]), rng.uniform(0.1, 0.18), mat(("plain",))))
     elif kind == "railing":
         length, step, height = rng.uniform(1.5, 3.0), rng.uniform(0.12, 0.3), rng.uniform(0.85, 1.0)
@@ -383,8 +384,9 @@ def _thin_outdoor(sc, cam, rng, W, f_ref, mat, add) -> None:
     if kind == "sign":
         x = side * (road + rng.uniform(0.2, walk - 0.2))
         height = rng.uniform(2.2, 3.5)
-        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, f_ref, np.array([x, 1.5, z])), height, m),
-            Box(np.array([x, height, z]), np.array([rng.uniform(0.2, 0.4), rng.uniform(0.2, 0.35), 0.02]), 0.0, mat(("plain",))))
+        add("thin", Cylinder(np.array([x, 0.0, z]), _thin_radius(rng, cam, f_ref, np.array([x, 1.5, z])), height, m))
+        add("fixture", Box(np.array([x, height, z]), np.array([rng.uniform(0.2, 0.4), rng.uniform(0.2, 0.35), 0.02]), 0.0,
+                           mat(("plain",))))
     elif kind == "railing":  # posts along the curb and two rails
         x, length, step = side * (road + 0.15), rng.uniform(6.0, 15.0), rng.uniform(1.2, 2.5)
         posts = [Cylinder(np.array([x, 0.0, z + k * step]), _thin_radius(rng, cam, f_ref, np.array([x, 0.5, z + k * step])), 1.0, m)
@@ -501,27 +503,28 @@ def render(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoo
                 scene=r["scene"][0])
 
 
-def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int = 3, radius: int = 14) -> None:
-    """A PNG of n scenes (alternately a room and a street) at size: the image, its depth (turbo, sky in
-    black), and the image with the primitives the families added (red) and the depth-edge band of the
-    given radius (blue, one vits patch by default)."""
+def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int = 3, radius: int = 14,
+           width_ref: int = WIDTH_REF) -> None:
+    """A PNG of n scenes (alternately a room and a street) at size, thin structures and small objects sized at
+    width_ref: the image, its depth (turbo, sky in black), and the image with the thin band (red: the pixels of
+    thin structures and small objects) and the depth-edge band of the given radius (blue, one vits patch by
+    default)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from .queries import edge_band
 
-    fig, ax = plt.subplots(n, 3, figsize=(3 * 4.2, n * 3.3))
+    fig, ax = plt.subplots(n, 3, figsize=(3 * 4.2, n * 3.3 * size[0] / size[1] * 4 / 3))
     for j in range(n):
         kind = ("indoor", "outdoor")[j % 2]
-        sc, cam, _ = draw(seed, j, size, kind, "train", "fixed")
-        image, depth, _ = render_drawn([(sc, cam)], "cpu", *size)
-        image, depth = image[0].numpy(), depth[0]
+        sc, cam, _ = draw(seed, j, size, kind, "train", "fixed", Families(width_ref=width_ref))
+        image, depth, thin = render_drawn([(sc, cam)], "cpu", *size)
+        image, depth, thin = image[0].numpy(), depth[0], thin[0].numpy()
         band = edge_band(depth, depth > 0, radius).numpy()
-        fam = _family_mask(sc, cam, size)
         over = image * 0.6
         over[band] = 0.4 * over[band] + 0.6 * np.array([0.2, 0.45, 1.0])
-        over[fam] = np.array([1.0, 0.15, 0.1])
+        over[thin] = np.array([1.0, 0.15, 0.1])
         d = np.ma.masked_equal(depth.numpy(), 0.0)
         ax[j, 0].imshow(image)
         ax[j, 0].set_title(f"{kind} {j}", fontsize=9)
@@ -529,24 +532,13 @@ def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int 
         ax[j, 1].set_facecolor("black")
         ax[j, 1].set_title(f"depth {d.min():.1f}-{d.max():.1f} m", fontsize=9)
         fig.colorbar(im, ax=ax[j, 1], fraction=0.035)
-        ax[j, 2].imshow(over)
-        ax[j, 2].set_title(f"families (red), edge band r={radius} px (blue): {100 * band.mean():.0f}% of pixels", fontsize=9)
+        ax[j, 2].imshow(over, interpolation="nearest")
+        ax[j, 2].set_title(f"thin band (red) {100 * thin.mean():.1f}%, edge band r={radius} px (blue) "
+                           f"{100 * band.mean():.0f}%", fontsize=8)
     for a in ax.ravel():
         a.set_xticks([])
         a.set_yticks([])
+    fig.suptitle(f"{size[0]}x{size[1]}, thin structures and small objects 1-4 px at width {width_ref}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
-
-
-def _family_mask(sc: Scene, cam: Camera, size: tuple[int, int]) -> np.ndarray:
-    """[H,W] bool: the pixels whose nearest hit is a primitive one of the families added."""
-    from .raycast import cast
-
-    _, kind, slot, _, _ = cast(pack([(sc, cam)], "cpu"), *size)
-    own = set()
-    for gid in sc.family:  # each family primitive's (kind, slot) in the packed tables
-        k = PRIM_KINDS_OF[type(sc.prims[gid]).__name__]
-        own.add((k, sum(1 for g in range(gid) if type(sc.prims[g]) is type(sc.prims[gid]))))
-    k, s = kind.view(*size).numpy(), slot.view(*size).numpy()
-    return np.isin(k * 65536 + s, [a * 65536 + b for a, b in own])
