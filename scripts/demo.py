@@ -156,7 +156,7 @@ def bench(ckpt: Path, out: Path, logs: Path, device: str, beside_background: boo
            str(out / "bench"), "--seconds", "0.2", "--repeats", "2"]
     if device == "cuda":
         cmd += ["--pairs", "1x256,8x512", "--cache-dir", str(out / "compile_cache"), "--rows",
-                "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,packed-compile+graph@frames"]
+                "masked-eager,masked-graph,packed-eager,packed-graph,packed-compile+graph,fast,fast@frames"]
     else:
         cmd += ["--queries", "16,64,256"]
     return run_step("bench", cmd, logs, env={"OMP_NUM_THREADS": str(FOREGROUND_CORES)} if beside_background else None)

@@ -214,7 +214,8 @@ def uncaptured(pred: Predictor, kind: str, size: tuple[int, int]) -> Callable:
     """The predictor's static function called directly, chunked and padded as it is: the same kernels one by
     one instead of a graph replay, for the profiler that counts them."""
     fn = pred.engine.function(kind, size, pred.color)
-    return lambda im, pts: run_chunked(fn, im, pts, pred.buckets)
+    # the static function reads staged device tensors: a camera's numpy frames are copied there first, as predict does
+    return lambda im, pts: run_chunked(fn, torch.as_tensor(im).to(pred.device), pts.to(pred.device), pred.buckets)
 
 
 
