@@ -115,7 +115,18 @@ def block_h200_latency() -> list[str]:
 
 
 def block_h200_layout() -> list[str]:
-    data = load("h200_scale_checks.json")
+    return _layout(load("h200_scale_checks.json"))
+
+
+def block_h100_layout() -> list[str]:
+    data = load("h100_checks.json")
+    t = load("gpu_tests.json")
+    return _layout(data) + ["", f"The GPU tests on the same card (`pytest -m gpu`, `docs/results/gpu_tests.json`): "
+                                f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped (commit `{t['commit']}`)."]
+
+
+def _layout(data: dict) -> list[str]:
+    """The default layout's B1 latency at 420x560 beside 144 thumbnail anchors, and the renderer, of one card."""
     lat = data["latency"]
     base = lat["144 thumbnail anchors"]
     rows = [[name, ms(r["median_ms"]), ms(r["p90_ms"]), ms(r["back_to_back_ms"]), r["kernels"], f"{r['gflop']:.2f}",
@@ -135,11 +146,27 @@ def block_cpu_latency() -> list[str]:
 
 
 def block_readme_latency() -> list[str]:
-    data = load("h200_bench.json")
-    names = ("fast", "packed-compile+graph", "masked-graph", "dav2-compile+graph")
-    note = f" {data['short_note']}" if data.get("short_note") else ""
-    return latency(data, names, pairs=((1, 256), (8, 512)), words=False, extra=("back_to_back_ms",)) + [
-        "", f"{hardware(data['info'])}.{note} `docs/results/h200_bench.json` names each row's commit."]
+    data = load("h100_bench.json")
+    return latency(data, ("fast", "dav2-compile+graph"), pairs=((1, 256), (8, 512)), words=False,
+                   extra=("back_to_back_ms",)) + [
+        "", f"{hardware(data['info'])}; `docs/results/h100_bench.json` names the commit."]
+
+
+def block_h100_latency() -> list[str]:
+    data = load("h100_bench.json")
+    return [_caption(data), "", data["what"] + ".", ""] + latency(data)
+
+
+def block_cpu_oneway() -> list[str]:
+    data = load("cpu_oneway_ab.json")
+    rows = [[r["model"], r["queries"], ms(r["oneway"]["median_ms"]), ms(r["shared"]["median_ms"]),
+             pct(r["oneway_over_shared"] - 1), ms(r["oneway, chunks whole"]["median_ms"]),
+             pct(r["oneway_over_chunks_whole"] - 1)] for r in data["rows"]]
+    i = data["info"]
+    return table(["model", "B1 Q", "one-way ms", "shared ms", "one-way vs shared (paired)",
+                  "one-way, chunks whole ms", "prefix once vs chunks whole (paired)"], rows) + [
+        "", f"{i['cpu']}, torch {i['torch']}, commit `{i['commit']}`; {data['what']} "
+            f"(`docs/results/cpu_oneway_ab.json`)."]
 
 
 def block_h200_cpp() -> list[str]:

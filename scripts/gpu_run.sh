@@ -55,7 +55,7 @@ if has tests; then
   timeout "${TEST_S:-330}" $PY -m pytest -m gpu ${TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider --tb=short -n "${XDIST:-8}" \
     --dist load --durations=15 --junitxml="$W/gpu_tests.xml" >"$W/logs/gpu_tests.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG"
-  $PY - "$W/gpu_tests.xml" "$OUT/h200_gpu_tests.json" <<'PYEOF'  # every GPU test: outcome, seconds, why skipped
+  $PY - "$W/gpu_tests.xml" "$OUT/gpu_tests.json" <<'PYEOF'  # every GPU test: outcome, seconds, why skipped
 import json, subprocess, sys, torch, triton, xml.etree.ElementTree as ET
 tests = []
 for c in ET.parse(sys.argv[1]).getroot().iter("testcase"):

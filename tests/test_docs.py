@@ -136,22 +136,24 @@ def test_results_name_hardware_torch_and_commit():
 
 
 def test_a_new_bench_json_re_renders_the_latency_tables(tmp_path, monkeypatch):
-    """A benchmark's bench.json dropped in as docs/results/h200_bench.json changes the README's and the
-    performance page's tables on the next render, with the new commit."""
+    """A benchmark's bench.json dropped in as docs/results/h100_bench.json (or h200_bench.json) changes the README's
+    and the performance page's tables on the next render, with the new commit."""
     for f in (ROOT / "docs" / "results").glob("*.json"):
         shutil.copy(f, tmp_path / f.name)
-    data = json.loads((tmp_path / "h200_bench.json").read_text())
-    new = dict(info=dict(data["info"], commit="abc1234"), results=[
-        dict(r, median_ms=0.321, commit=None) if r["row"] == "fast" and r["batch"] == 1 else dict(r, commit=None)
-        for r in data["results"]], checks={"vits bfloat16 B1 Q256": dict(default_ms=0.321, best_row="fast", best_ms=0.321,
-                                                                          default_over_best=1.0)})
-    (tmp_path / "h200_bench.json").write_text(json.dumps(new))
+    for name, ms in (("h100_bench.json", 0.321), ("h200_bench.json", 0.123)):
+        data = json.loads((tmp_path / name).read_text())
+        new = dict(data, info=dict(data["info"], commit="abc1234"), results=[
+            dict(r, median_ms=ms, commit=None) if r["row"] == "fast" and r["batch"] == 1 else dict(r, commit=None)
+            for r in data["results"]], checks={"vits bfloat16 B1 Q256": dict(default_ms=ms, best_row="fast", best_ms=ms,
+                                                                              default_over_best=1.0)})
+        (tmp_path / name).write_text(json.dumps(new))
     monkeypatch.setattr(docs_tables, "RESULTS", tmp_path)
     readme = docs_tables.render((ROOT / "README.md").read_text())
     assert "| **fast** | 0.321 |" in readme and "Measured before" not in readme
     perf = docs_tables.render((ROOT / "docs" / "performance.md").read_text())
-    assert "| **fast** | the default Predictor" in perf and "Commit `abc1234`." in perf
-    assert "the best row (fast) 0.321 ms: 1.00x" in perf
+    fast = "| **fast** | the default Predictor: the fast recipe for this device and batch | "
+    assert fast + "0.321 |" in perf and fast + "0.123 |" in perf
+    assert "Commit `abc1234`." in perf and "the best row (fast) 0.123 ms: 1.00x" in perf
 
 
 def test_render_refuses_unknown_and_unclosed_blocks():

@@ -215,7 +215,8 @@ def uncaptured(pred: Predictor, kind: str, size: tuple[int, int]) -> Callable:
     one instead of a graph replay, for the profiler that counts them."""
     fn = pred.engine.function(kind, size, pred.color)
     # the static function reads staged device tensors: a camera's numpy frames are copied there first, as predict does
-    return lambda im, pts: run_chunked(fn, torch.as_tensor(im).to(pred.device), pts.to(pred.device), pred.buckets)
+    return lambda im, pts: run_chunked(fn, torch.as_tensor(im).to(pred.device), torch.as_tensor(pts).to(pred.device),
+                                       pred.buckets)
 
 
 

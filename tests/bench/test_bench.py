@@ -101,3 +101,25 @@ def test_rows_are_timed_round_robin_and_a_failing_row_drops_out_alone(monkeypatc
     assert [len(r) for r in a.reps + c.reps] == [25] * 6 and all(t == 1e3 * TICK for r in a.reps for t in r)
     assert isinstance(b.error, RuntimeError) and a.error is None and c.error is None
     assert len(b.reps[0]) == 25 and b.reps[1:] == [None, None]  # its later spells were not run
+
+
+def test_the_kernel_count_runs_a_static_function_on_a_cameras_numpy_frames():
+    """An @frames row's profiled function (the predictor's static function called directly) takes what the row
+    times: numpy uint8 frames and numpy points from the host, copied to the device as predict copies them (it
+    failed on a GPU: numpy has no .to); on a CPU, the same depths as predict."""
+    import numpy as np
+    import torch
+
+    from depthpack import create_model
+    from depthpack.bench.ladder import uncaptured
+    from depthpack.core.fast import Recipe
+    from depthpack.runtime.predictor import Predictor
+
+    torch.manual_seed(0)
+    pred = Predictor(create_model("tiny").eval(), device="cpu", recipe=Recipe(compile=True, backend="aot_eager"),
+                     color="bgr")
+    g = np.random.default_rng(0)
+    frames, points = g.integers(0, 256, (1, 48, 80, 3), dtype=np.uint8), g.uniform(0, 47, (1, 12, 2)).astype(np.float32)
+    pred.warmup(frame_size=(48, 80))
+    got = uncaptured(pred, "frames", (48, 80))(frames, points)
+    torch.testing.assert_close(got, pred.predict(frames, points), rtol=1e-5, atol=1e-5)
