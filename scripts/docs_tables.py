@@ -121,8 +121,14 @@ def block_h200_layout() -> list[str]:
 def block_h100_layout() -> list[str]:
     data = load("h100_checks.json")
     t = load("gpu_tests.json")
-    return _layout(data) + ["", f"The GPU tests on the same card (`pytest -m gpu`, `docs/results/gpu_tests.json`): "
-                                f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped (commit `{t['commit']}`)."]
+    after = data["latency_after"]
+    base = after["rows"]["144 thumbnail anchors"]
+    rows = [[name, ms(r["median_ms"]), ms(r["p90_ms"]), ms(r["back_to_back_ms"]), r["kernels"], f"{r['gflop']:.2f}",
+             f"{r['median_ms'] / base['median_ms'] - 1:+.0%}"] for name, r in after["rows"].items()]
+    return _layout(data) + ["", f"Then {after['what']} (commit `{after['commit']}`):", ""] + table(
+        ["layout (vits bf16, 420x560)", "B1 Q256 ms", "p90 ms", "back-to-back ms", "kernels", "GFLOP", "call vs thumbnail"],
+        rows) + ["", f"The GPU tests on the same card (`pytest -m gpu`, `docs/results/gpu_tests.json`): "
+                     f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped (commit `{t['commit']}`)."]
 
 
 def _layout(data: dict) -> list[str]:
