@@ -353,52 +353,109 @@ def block_frontier() -> list[str]:
                  rows) + ["", _frontier_caption(data)]
 
 
+BANDS = (("absrel_uniform", "uniform"), ("absrel_edge", "edge"), ("absrel_thin", "thin"))
+
+
+def _model_of(name: str) -> str:
+    """A run's model: its name without the seed ("X, seed 1" is X at another seed)."""
+    return name.split(", seed ")[0]
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _averaged(rows: list[dict]) -> list[dict]:
+    """One row per (model, path, Q): the AbsRels averaged over its seeds, "seeds" how many."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((_model_of(r["name"]), r["path"], r["q"]), []).append(r)
+    return [dict(g[0], name=m, seeds=len(g), **{k: _mean(g, k) for k, _ in BANDS}) for (m, _, _), g in groups.items()]
+
+
 def _dense_curve(rows: list[dict], q: int, gflop: float, key: str) -> tuple[float, str]:
-    """The frontier a user of dense models has at this cost: the best dense-trained model (seed 0) that costs
-    no more encoder GFLOP (the cheapest one where none does), at Q's points: (AbsRel, which model)."""
-    mine = [r for r in rows if r["q"] == q and not r["seed"]]
+    """The frontier a user of dense models has at this cost: the best dense-trained model (seeds averaged) that
+    costs no more encoder GFLOP (the cheapest one where none does), at Q's points: (AbsRel, which model)."""
+    mine = [r for r in rows if r["q"] == q and r.get(key) is not None]
     fits = [r for r in mine if r["encoder_gflop"] <= gflop * (1 + 1e-6)] or \
         [min(mine, key=lambda r: r["encoder_gflop"])]
     best = min(fits, key=lambda r: r[key])
     return best[key], best["name"]
 
 
-def block_frontier_targets() -> list[str]:
-    data = _frontier()
-    rows = data["rows"]
-    default = [r for r in rows if r["default"]]
-    name = default[0]["name"]
-    dense_trained = [r for r in rows if r["name"] in _dense_trained(rows)]
+def _targets(plan: str) -> list[str]:
+    """The default against the best dense-trained model of no more cost, per band, seeds averaged; its coarse map
+    against the smallest dense model."""
+    data = _frontier(plan)
+    raw = data["rows"]
+    name = _model_of(next(r["name"] for r in raw if r["default"]))
+    rows = _averaged(raw)
+    bands = [(k, b) for k, b in BANDS if any(r.get(k) is not None for r in rows)]
+    dense_trained = [r for r in rows if r["name"] in {_model_of(n) for n in _dense_trained(raw)}]
     own = {(r["path"], r["q"]): r for r in rows if r["name"] == name}
+    packed = sorted((r for (path, _), r in own.items() if path == "packed"), key=lambda r: r["q"])
     out = []
-    for r in sorted(default, key=lambda r: r["q"]):
+    for r in packed:
         if r["q"] > r["patches"] // 4:
             continue
-        cu, which = _dense_curve(dense_trained, r["q"], r["encoder_gflop"], "absrel_uniform")
-        ce, _ = _dense_curve(dense_trained, r["q"], r["encoder_gflop"], "absrel_edge")  # best in its own band
+        cells = [r["q"], f"{r['encoder_gflop']:.3f}", _dense_curve(dense_trained, r["q"], r["encoder_gflop"], "absrel_uniform")[1]]
+        for key, _ in bands:
+            d, _ = _dense_curve(dense_trained, r["q"], r["encoder_gflop"], key)  # in each band its best
+            cells += [_absrel(r[key]), _absrel(d), pct(r[key] / d - 1)]
         d = own[("dense", r["q"])]["absrel_uniform"]
-        out.append([r["q"], f"{r['encoder_gflop']:.3f}", which, _absrel(r["absrel_uniform"]), _absrel(cu),
-                    pct(r["absrel_uniform"] / cu - 1), _absrel(r["absrel_edge"]), _absrel(ce),
-                    pct(r["absrel_edge"] / ce - 1), _absrel(d), pct(r["absrel_uniform"] / d - 1)])
+        out.append(cells + [_absrel(d), pct(r["absrel_uniform"] / d - 1)])
+    head = ["Q", "encoder GFLOP", "best dense model at no more cost (uniform)"] + [
+        c for _, b in bands for c in (f"packed {b}", f"dense {b}", "packed vs dense")] + [
+        "its dense path uniform", "packed vs its dense path"]
+    seeds = packed[0]["seeds"]
+    lines = table(head, out) + [
+        "", f"The default ({name}, {seeds} seed{'s' if seeds > 1 else ''} averaged) at each Q up to a quarter of its "
+            f"{packed[0]['patches']} patches, against the best dense-trained model that costs no more encoder GFLOP "
+            f"(seeds averaged where there are two), at the same points (in each band its best)."]
     small = min(dense_trained, key=lambda r: r["encoder_gflop"])["image"]
-    smallest = {q: min((r for r in dense_trained if r["image"] == small and r["q"] == q and not r["seed"]),
-                       key=lambda r: r["absrel_uniform"], default=None) for q in {r["q"] for r in default}}
     glance = []
-    for q in sorted(smallest):
-        g, d = own.get(("glance", q)), smallest[q]
+    for q in sorted(r["q"] for r in packed):
+        g = own.get(("glance", q))
+        d = min((r for r in dense_trained if r["image"] == small and r["q"] == q), key=lambda r: r["absrel_uniform"],
+                default=None)
         if g and d:
-            glance.append([q] + [c for key in ("absrel_uniform", "absrel_edge")
-                                 for c in (_absrel(g[key]), _absrel(d[key]), pct(g[key] / d[key] - 1))])
-    glance_table = table(["Q", "its glance depth uniform", f"dense {small} uniform", "glance vs dense", "glance edge",
-                          f"dense {small} edge", "glance vs dense"], glance) if glance else []
-    return table(["Q", "encoder GFLOP", "best dense model at no more cost (uniform)", "packed uniform", "dense uniform",
-                  "packed vs dense", "packed edge", "dense edge", "packed vs dense", "its dense path uniform",
-                  "packed vs its dense path"], out) + [
-        "", f"The default ({name}) at each Q up to a quarter of its {default[0]['patches']} patches, against the "
-            "best dense-trained model that costs no more encoder GFLOP, at the same points (in each band its best).",
-        ""] + \
-        glance_table + (["", "The coarse map of the same packed calls (the glance depth at the points) against the "
-                         f"best dense-trained model of the smallest size ({small}) at the same points."] if glance else [])
+            glance.append([q, d["name"]] + [c for key, _ in bands for c in (_absrel(g[key]), _absrel(d[key]),
+                                                                             pct(g[key] / d[key] - 1))])
+    if glance:
+        lines += [""] + table(["Q", f"best dense {small} model"] + [
+            c for _, b in bands for c in (f"its glance depth {b}", f"dense {b}", "glance vs dense")], glance) + [
+            "", f"The coarse map of the same packed calls (the glance depth at the points) against the best "
+                f"dense-trained model of the smallest size ({small}) at the same points."]
+    return lines
+
+
+def block_frontier_targets() -> list[str]:
+    return _targets("frontier_cpu")
+
+
+def block_frontier_detail_targets() -> list[str]:
+    return _targets("frontier_cpu_detail")
+
+
+def block_frontier_detail() -> list[str]:
+    data = _frontier("frontier_cpu_detail")
+    rows = [[r["name"] + (" **(default)**" if r["default"] else ""), r["path"], r["image"], r["q"], r["tokens"],
+             f"{r['encoder_gflop']:.3f}", *(_absrel(r.get(k)) for k, _ in BANDS)] for r in data["rows"]]
+    return table(["model", "path", "image", "Q", "tokens", "encoder GFLOP", "AbsRel uniform", "AbsRel edge band",
+                  "AbsRel thin band"], rows) + ["", _frontier_caption(data).replace("frontier.json`.",
+                                                                                    "frontier.json` (plan frontier_cpu_detail).")]
+
+
+def block_frontier_headroom() -> list[str]:
+    """What resolution buys a dense model on the resolution bed: each dense-trained size against the smallest."""
+    data = _frontier("frontier_cpu_detail")
+    dense = [r for r in _averaged(data["rows"]) if r["name"] in {_model_of(n) for n in _dense_trained(data["rows"])}]
+    small = min(dense, key=lambda r: r["encoder_gflop"])["name"]
+    base = {r["q"]: r for r in dense if r["name"] == small}
+    rows = [[r["name"], r["q"], *(c for k, _ in BANDS for c in (_absrel(r[k]), pct(r[k] / base[r["q"]][k] - 1)))]
+            for r in sorted(dense, key=lambda r: (r["q"], r["encoder_gflop"])) if r["name"] != small]
+    return table(["dense model", "Q's points"] + [c for _, b in BANDS for c in (f"AbsRel {b}", f"vs {small}")], rows)
 
 
 def block_train_throughput() -> list[str]:
