@@ -150,6 +150,8 @@ class GlanceHead(PointDecoder):
         super().__init__(dim, hidden, freqs)
         self.grid = grid
         self.log_min, self.log_max = log_range
+        # (dx, dy) of the 4 surrounding tokens, integers: a module constant (an export keeps no tensor made in forward)
+        self.register_buffer("corner", torch.tensor([[0, 0], [1, 0], [0, 1], [1, 1]]), persistent=False)
 
     def _log_depth(self, gtok: torch.Tensor, idx: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         # gtok [B,A,hidden], idx [B,P] the token, u [B,P,2] the offset in its cell -> log depth [B,P]
@@ -176,10 +178,10 @@ class GlanceHead(PointDecoder):
         g = self.cells(points, hw).unsqueeze(2)  # [B,Q,1,2]
         lo = torch.floor(g)
         frac = g - lo  # position between the lower and the upper centre
-        corner = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], device=points.device)  # (dx, dy)
-        c = torch.minimum(torch.clamp(lo + corner, min=0), torch.tensor([rw - 1.0, rh - 1.0], device=points.device))
+        c = lo + self.corner  # [B,Q,4,2] the 4 tokens' cells
+        c = torch.stack([c[..., 0].clamp(0, rw - 1), c[..., 1].clamp(0, rh - 1)], -1)
         u = (g - c).clamp(-0.5, 0.5)  # [B,Q,4,2] the point nearest to it inside each token's cell
-        w = torch.where(corner.bool(), frac, 1 - frac).prod(-1)  # [B,Q,4] bilinear weights
+        w = torch.where(self.corner.bool(), frac, 1 - frac).prod(-1)  # [B,Q,4] bilinear weights
         idx = (c[..., 1] * rw + c[..., 0]).long()  # [B,Q,4]
         # the 4 tokens decoded in one pass (one gather, one MLP over 4Q rows): fewer, larger kernels
         logd = self._log_depth(gtok, idx.view(B, 4 * Q), u.view(B, 4 * Q, 2)).view(B, Q, 4)
