@@ -78,7 +78,6 @@ def step(prev: Row, name: str, switch: str, default: bool = True, **changes) -> 
 
 def _kernel_steps(base: Row) -> tuple[Row, ...]:
     """compile+graph plus, one at a time, each kernel of the fast recipe (its B1 form)."""
-    fast = fast_recipe("cuda", 1)
     rows, prev = [], base
     for name, what, change in (("count-selection", "token selection by counting instead of topk", {"selection": "count"}),
                                ("gelu-epilogue", "fc1 + bias + GELU in one cuBLASLt GEMM", {"gelu_epilogue": True}),

@@ -370,14 +370,13 @@ class DepthPack(nn.Module):
         return self.num_prefix(anchors) if self.cfg.oneway else 0
 
     def run_blocks(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None, prefix: int = 0,
-                   detach_prefix: bool = False, prefix_kv: list | None = None) -> torch.Tensor:
+                   prefix_kv: list | None = None) -> torch.Tensor:
         # tokens [B,S,D] -> [B,S,D]: the backbone's blocks (the recipe's once deployed; hybrid blocks carry a
-        # float32 residual stream, cast back to the tokens' dtype before the final norm); prefix, detach_prefix,
-        # prefix_kv (one (k, v) a block): PrefixBlock's one-way rule
+        # float32 residual stream, cast back to the tokens' dtype before the final norm); prefix, prefix_kv (one
+        # (k, v) a block): PrefixBlock's one-way rule
         x = self.backbone.norm_pre(tokens)
         for i, blk in enumerate(self.backbone.blocks):
-            x = blk(x, attn_mask=attn_mask, prefix=prefix, detach_prefix=detach_prefix,
-                    prefix_kv=None if prefix_kv is None else prefix_kv[i])
+            x = blk(x, attn_mask=attn_mask, prefix=prefix, prefix_kv=None if prefix_kv is None else prefix_kv[i])
         return self.backbone.norm(x.to(tokens.dtype))
 
     def grid_of(self, images: torch.Tensor) -> tuple[int, int]:
@@ -413,16 +412,15 @@ class DepthPack(nn.Module):
 
     # ---- features and head (timm's split), the three paths as unchecked static cores -------------
     def encode(self, images: torch.Tensor, index: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
-               anchors: bool = True, detach_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+               anchors: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """images [B,3,H,W] in [0,1] -> (features [B,S,D] of the patches in index (None: all N, row-major),
         features [B,A,D] of the glance tokens or None), after the prefix (cls, registers, anchors) + those
         patches ran through the blocks (attn_mask over every key; one-way with cfg.glance_stream oneway);
-        anchors=False: the same weights without the anchors (an evaluation of what they bring);
-        detach_prefix: the patches read the one-way prefix through a stop-gradient (training)."""
+        anchors=False: the same weights without the anchors (an evaluation of what they bring)."""
         x = self.embedding_input(images)
         pre = self.prefix(x, anchors)  # [B,P,D]
         tokens = torch.cat([pre, self.embed_patches(x, index)], dim=1)  # [B,P+S,D]
-        out = self.run_blocks(tokens, attn_mask, self.stream_prefix(anchors), detach_prefix)
+        out = self.run_blocks(tokens, attn_mask, self.stream_prefix(anchors))
         return out[:, pre.shape[1]:], self._glance_of(out, anchors)
 
     def _glance_of(self, out: torch.Tensor, anchors: bool) -> torch.Tensor | None:
@@ -458,10 +456,9 @@ class DepthPack(nn.Module):
 
     def forward_head(self, feats: torch.Tensor, slot: torch.Tensor, points: torch.Tensor,
                      scale: torch.Tensor | None = None, glance: torch.Tensor | None = None,
-                     hw: tuple[int, int] | None = None, detach_glance: bool = False) -> torch.Tensor:
+                     hw: tuple[int, int] | None = None) -> torch.Tensor:
         """feats [B,S,D], slot [B,Q] (the token of each query), points [B,Q,2], scale [B] (focal_scale),
-        glance [B,A,D] and the image size hw (the residual head) -> depth [B,Q] float32. detach_glance: the
-        residual corrects the glance depth read through a stop-gradient (training)."""
+        glance [B,A,D] and the image size hw (the residual head) -> depth [B,Q] float32."""
         htok = self.head.token_features(feats)  # [B,S,h]
         htok = torch.gather(htok, 1, slot.unsqueeze(-1).expand(-1, -1, htok.shape[-1]))  # [B,Q,h]
         if not isinstance(self.head, ResidualHead):
@@ -470,7 +467,7 @@ class DepthPack(nn.Module):
             raise ValueError("the residual query head corrects the glance depth: it needs the glance tokens "
                              "(anchors on)")
         logd = self.glance_head.log_depth(self.glance_head.token_features(glance), points, hw)
-        logd = (logd.detach() if detach_glance else logd) + self.head.residual(htok, points)
+        logd = logd + self.head.residual(htok, points)
         return scaled_depth(logd, scale, self.cfg.min_depth, self.cfg.max_depth, clamp=True)
 
     def glance_map(self, glance: torch.Tensor, hw: tuple[int, int], scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -54,28 +54,23 @@ LOG2E = 1.4426950408889634
 
 # ---- the reference: the kernels' arithmetic in torch ------------------------------------------------
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int = 0,
-              attn_mask: torch.Tensor | None = None, detach_prefix: bool = False) -> torch.Tensor:
+              attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd)) v, q k v [B,H,S,hd] -> [B,S,H,hd] (token-major, as the projection reads it), with
     the one-way rule: rows below `prefix` read only the keys below it, the others read every key (prefix 0 or
     >= S: every row every key). attn_mask: a key mask [B,1,1,S] (additive or boolean) that never removes a prefix
-    key; it applies to the other rows. detach_prefix: the other rows read the prefix keys and values through a
-    stop-gradient."""
+    key; it applies to the other rows."""
     S = q.shape[2]
     if not 0 < prefix < S:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask).transpose(1, 2)
     if attn_mask is not None and attn_mask.shape[-2] != 1:
         raise ValueError(f"one-way attention takes a key mask [B,1,1,S], got {tuple(attn_mask.shape)}")
-    kp, vp = k[:, :, :prefix], v[:, :, :prefix]
-    head = F.scaled_dot_product_attention(q[:, :, :prefix], kp, vp)
-    if detach_prefix:
-        k = torch.cat([kp.detach(), k[:, :, prefix:]], 2)
-        v = torch.cat([vp.detach(), v[:, :, prefix:]], 2)
+    head = F.scaled_dot_product_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix])
     tail = F.scaled_dot_product_attention(q[:, :, prefix:], k, v, attn_mask=attn_mask)
     return torch.cat([head.transpose(1, 2), tail.transpose(1, 2)], 1)  # one copy, token-major
 
 
 def self_attention(attn: nn.Module, x: torch.Tensor, prefix: int = 0, attn_mask: torch.Tensor | None = None,
-                   detach_prefix: bool = False, prefix_kv: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+                   prefix_kv: tuple | None = None) -> tuple[torch.Tensor, tuple]:
     """timm's Attention module `attn` over x [B,S,D] with the one-way rule (attention()) -> (output [B,S,D],
     (k, v) [B,H,S,hd]). prefix_kv: (k, v) [B,H,P,hd] of a prefix run apart (PrefixBlock.forward_kv): x then
     holds no prefix, and every row reads those keys before its own."""
@@ -87,7 +82,7 @@ def self_attention(attn: nn.Module, x: torch.Tensor, prefix: int = 0, attn_mask:
         o = F.scaled_dot_product_attention(q, torch.cat([prefix_kv[0], k], 2), torch.cat([prefix_kv[1], v], 2),
                                            attn_mask=attn_mask).transpose(1, 2)
     else:
-        o = attention(q, k, v, prefix, attn_mask, detach_prefix)
+        o = attention(q, k, v, prefix, attn_mask)
     o = o.reshape(B, S, width)
     o = getattr(attn, "norm", nn.Identity())(o)
     return attn.proj_drop(attn.proj(o)), (k, v)
@@ -352,19 +347,19 @@ def _check(x: torch.Tensor, weights: tuple) -> None:
 
 class PrefixBlock(Block):
     """timm's Block (the same parameters under the same names) with the one-way rule: forward(x, attn_mask,
-    prefix, detach_prefix, prefix_kv), see self_attention(). The model builds its blocks as these."""
+    prefix, prefix_kv), see self_attention(). The model builds its blocks as these."""
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, prefix: int = 0,
-                detach_prefix: bool = False, prefix_kv: tuple | None = None) -> torch.Tensor:
-        return self._run(x, attn_mask, prefix, detach_prefix, prefix_kv)[0]
+                prefix_kv: tuple | None = None) -> torch.Tensor:
+        return self._run(x, attn_mask, prefix, prefix_kv)[0]
 
     def forward_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """x [B,P,D], a one-way prefix alone -> (the block's output, its keys and values (k, v) [B,H,P,hd]):
         what the buffers of other tokens read (forward(..., prefix_kv=(k, v)))."""
         return self._run(x)
 
-    def _run(self, x, attn_mask=None, prefix=0, detach_prefix=False, prefix_kv=None):
-        o, kv = self_attention(self.attn, self.norm1(x), prefix, attn_mask, detach_prefix, prefix_kv)
+    def _run(self, x, attn_mask=None, prefix=0, prefix_kv=None):
+        o, kv = self_attention(self.attn, self.norm1(x), prefix, attn_mask, prefix_kv)
         x = x + self.drop_path1(self.ls1(o))
         return x + self.drop_path2(self.ls2(self.mlp_out(self.norm2(x)))), kv
 
@@ -389,9 +384,9 @@ class HybridBlock(PrefixBlock):
     gelu_epilogue = False
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, prefix: int = 0,
-                detach_prefix: bool = False, prefix_kv: tuple | None = None) -> torch.Tensor:
+                prefix_kv: tuple | None = None) -> torch.Tensor:
         if attn_mask is not None or prefix_kv is not None or not (HAVE_TRITON and not INTERPRET and x.is_cuda):
-            return PrefixBlock.forward(self, x, attn_mask, prefix, detach_prefix, prefix_kv)
+            return PrefixBlock.forward(self, x, attn_mask, prefix, prefix_kv)
         if torch.is_grad_enabled() and x.requires_grad:
             raise ValueError("hybrid blocks are inference only: run under torch.no_grad() or use the timm blocks to train")
         weights = block_weights(self)

@@ -80,8 +80,6 @@ class TrainConfig:
     train_path: str = "packed"  # the path the loss runs: packed (as deployed) or dense (every patch: the
     #                             equal-tokens baseline, a dense model at a smaller image size)
     glance_loss: float = 1.0  # weight of the glance depth map's SILog (models with glance_depth), every step
-    glance_detach: bool = False  # the query loss does not reach the glance stream: the patches read the one-way
-    #                              prefix and the glance depth through a stop-gradient, so only glance_loss trains it
     dense_first_steps: int = 0  # schedule: the first steps train the dense path at dense_first_size, then packed
     dense_first_size: list[int] | None = None  # (H, W) of those steps, multiples of the patch (None: the model's)
     data_size: list[int] | None = None  # (H, W) the training scenes or images are made at, area-resized to the model's
@@ -154,11 +152,6 @@ class TrainConfig:
         if self.glance_loss < 0 or self.dense_first_steps < 0:
             problems.append(f"glance_loss and dense_first_steps must be >= 0, got {self.glance_loss}, "
                             f"{self.dense_first_steps}")
-        if self.glance_detach:
-            mc = self.model_config()
-            if not (mc.oneway and mc.glance_depth and self.glance_loss > 0):
-                problems.append("glance_detach needs model.glance_stream oneway, model.glance_depth and glance_loss > 0 "
-                                "(the glance loss alone then trains the glance stream)")
         if self.data_size is not None:
             if len(self.data_size) != 2 or min(self.data_size) < 1:
                 problems.append(f"data_size must be (H, W), two positive pixel counts, got {self.data_size}")

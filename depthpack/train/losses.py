@@ -43,17 +43,16 @@ class SiLogLoss(nn.Module):
 
 class PackedObjective(nn.Module):
     """SILog of the packed path (dense=True: the dense path) at the queried points, plus, for a model with a
-    glance depth, glance_weight x SILog of the glance's depth map over the glance image's valid pixels. glance_detach:
-    the query loss reaches the glance stream through neither the patches' attention nor the glance depth.
+    glance depth, glance_weight x SILog of the glance's depth map over the glance image's valid pixels.
     One module, so DDP sees every parameter its forward uses.
 
     forward(...) -> (loss, terms): terms are the loss's parts by name, detached scalars; each becomes a
     column of log.csv (in this order), so a new term is one more entry.
     """
 
-    def __init__(self, model: DepthPack, silog_lambda: float, glance_weight: float = 1.0, glance_detach: bool = False):
+    def __init__(self, model: DepthPack, silog_lambda: float, glance_weight: float = 1.0):
         super().__init__()
-        self.model, self.glance_weight, self.glance_detach = model, glance_weight, glance_detach
+        self.model, self.glance_weight = model, glance_weight
         self.silog = SiLogLoss(lambd=silog_lambda)
 
     def forward(self, images: torch.Tensor, points: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
@@ -78,13 +77,13 @@ class PackedObjective(nn.Module):
             index, slot = None, patch_of_points(points, m.cfg.patch_size, m.grid_of(images))
         else:
             index, slot = m.select(images, points, bucket)  # packed_core, in its parts
-        feats, gfeat = m.encode(images, index, detach_prefix=self.glance_detach)
+        feats, gfeat = m.encode(images, index)
         if extra is not None:
             xp, parent, xt, xv = extra
             slot = torch.cat([slot, torch.gather(slot, 1, parent)], dim=1)
             points, target, valid = torch.cat([points, xp], 1), torch.cat([target, xt], 1), torch.cat([valid, xv], 1)
         scale = m.focal_scale(images, focal)
-        pred = m.forward_head(feats, slot, points, scale, gfeat, hw, self.glance_detach)  # [B,Q(+E)] float32
+        pred = m.forward_head(feats, slot, points, scale, gfeat, hw)  # [B,Q(+E)] float32
         silog = self.silog(pred, target, valid)
         terms = {"silog": silog.detach()}
         loss = silog

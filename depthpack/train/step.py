@@ -52,7 +52,7 @@ def check_graph_config(cfg: TrainConfig, *, device: torch.device, world: int) ->
 
 def make_step(model: nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig, d: Dist) -> TrainStep:
     """The objective, under DDP with several processes, compiled with cfg.compile, in a TrainStep."""
-    objective = PackedObjective(model, cfg.silog_lambda, cfg.glance_loss, cfg.glance_detach).to(d.device)
+    objective = PackedObjective(model, cfg.silog_lambda, cfg.glance_loss).to(d.device)
     runner: nn.Module = objective
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
