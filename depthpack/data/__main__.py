@@ -13,6 +13,10 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--figure", default=None, help="write a PNG of sample scenes here (the thin band in red)")
     ap.add_argument("--thin-width-ref", type=int, default=560, metavar="PX",
                     help="the image width at which thin structures and small objects are 1-4 px (data.thin_width_ref)")
+    ap.add_argument("--thin-structures", type=float, default=1.5, metavar="N",
+                    help="mean count per scene of thin structures (data.thin_structures)")
+    ap.add_argument("--distant-objects", type=float, default=1.0, metavar="N",
+                    help="mean count per scene of small distant objects (data.distant_objects)")
     ap.add_argument("--band-radius", type=int, default=14, metavar="PX",
                     help="the figure's depth-edge band radius (default 14: one vits patch)")
     ap.add_argument("--write", default=None, metavar="DIR", help="write --count synthetic samples here")
@@ -35,17 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     from .synthetic import figure
 
     args = parse_args(argv)
+    cfg = DataConfig(scene=args.scene, num_samples=args.count, thin_width_ref=args.thin_width_ref,
+                     thin_structures=args.thin_structures, distant_objects=args.distant_objects)  # bad counts: one line
     if args.write:
         from tqdm import tqdm
 
-        ds = make_dataset(DataConfig(scene=args.scene, num_samples=args.count, thin_width_ref=args.thin_width_ref), "train",
-                          tuple(args.size or (256, 256)), 1e-3, 250.0)
+        ds = make_dataset(cfg, "train", tuple(args.size or (256, 256)), 1e-3, 250.0)
         for i in tqdm(range(args.count), desc="writing"):
             write_folder_sample(ds[i], args.write, f"{i:06d}", args.depth_scale)
         print(f"wrote {args.count} samples to {args.write} (read with DataConfig(kind='folder', root=..., "
               f"depth_scale={args.depth_scale}))")
     if args.figure:
-        figure(args.figure, size=tuple(args.size or (420, 560)), width_ref=args.thin_width_ref, radius=args.band_radius)
+        figure(args.figure, size=tuple(args.size or (420, 560)), families=cfg.families(), radius=args.band_radius)
         print(f"wrote {args.figure}")
     return 0
 

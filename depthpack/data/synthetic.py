@@ -504,11 +504,11 @@ def render(seed: int, index: int, img_size: tuple[int, int], scene: str = "indoo
 
 
 def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int = 3, radius: int = 14,
-           width_ref: int = WIDTH_REF) -> None:
-    """A PNG of n scenes (alternately a room and a street) at size, thin structures and small objects sized at
-    width_ref: the image, its depth (turbo, sky in black), and the image with the thin band (red: the pixels of
-    thin structures and small objects) and the depth-edge band of the given radius (blue, one vits patch by
-    default)."""
+           families: Families | None = None) -> None:
+    """A PNG of n scenes (alternately a room and a street) at size with the families' objects (default: Families()):
+    the image, its depth (turbo, sky in black), and the image with the thin band (red: the pixels of thin
+    structures and small objects) and the depth-edge band of the given radius (blue, one vits patch by default)."""
+    fam = families or Families()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -518,7 +518,7 @@ def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int 
     fig, ax = plt.subplots(n, 3, figsize=(3 * 4.2, n * 3.3 * size[0] / size[1] * 4 / 3))
     for j in range(n):
         kind = ("indoor", "outdoor")[j % 2]
-        sc, cam, _ = draw(seed, j, size, kind, "train", "fixed", Families(width_ref=width_ref))
+        sc, cam, _ = draw(seed, j, size, kind, "train", "fixed", fam)
         image, depth, thin = render_drawn([(sc, cam)], "cpu", *size)
         image, depth, thin = image[0].numpy(), depth[0], thin[0].numpy()
         band = edge_band(depth, depth > 0, radius).numpy()
@@ -538,7 +538,8 @@ def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int 
     for a in ax.ravel():
         a.set_xticks([])
         a.set_yticks([])
-    fig.suptitle(f"{size[0]}x{size[1]}, thin structures and small objects 1-4 px at width {width_ref}", fontsize=10)
+    fig.suptitle(f"{size[0]}x{size[1]}: about {fam.thin:g} thin structures and {fam.distant:g} small objects a scene, "
+                 f"1-4 px at width {fam.width_ref}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
