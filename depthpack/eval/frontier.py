@@ -12,9 +12,10 @@ and its merged training config. Runs whose folder holds a finished summary.json 
 again; the rest train as subprocesses, --jobs at a time, each dying with this command (a trainer holds its
 folder's train.lock, so a folder another live trainer holds is refused). Every run is evaluated on the same
 held-out scenes at the plan's `image` size (a model of another size sees them resized, its points scaled),
-at the same query points, with the same depth-edge band (`band_radius` pixels of that image) and, for synthetic
-scenes, the thin band. A run that fails is one line naming its log; the others go on, and the command then exits
-1 saying which failed. Rows go to --out (docs/results/frontier.json by default), under the plan's name (its file's
+at the same query points (`points`: the point sets of python -m depthpack.eval --points, both by default; all
+adds the thin band of synthetic scenes), with the same depth-edge band (`band_radius` pixels of that image). A
+run that fails is one line naming its log; the others go on, and the command then exits 1 saying which failed.
+Rows go to --out (docs/results/frontier.json by default), under the plan's name (its file's
 stem) beside other plans' rows: {plans: {name: {plan, image, band_radius, hardware, rows}}}, a row {name, path,
 image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps, scenes, seed, device, torch,
 commit, patches, default}; the rows of runs evaluated now replace theirs, the rows of every other run are kept;
@@ -41,7 +42,7 @@ from ..core.config import ModelConfig, load_yaml, parse_overrides
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..core.packing import chunk_plan
 
-PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "max_images", "device", "runs"}
+PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "points", "max_images", "device", "runs"}
 RUN_KEYS = {"name", "path", "overrides", "default"}
 OWN_KEYS = ("out_dir", "resume")  # the frontier sets these for each run: a plan that sets them is refused
 
@@ -132,6 +133,11 @@ def _plan_problems(plan: dict) -> list[str]:
         problems.append(f"queries must be a list of positive whole numbers, got {queries!r}")
     if plan.get("band_radius") is not None and not (_count(plan["band_radius"], 0) and plan["band_radius"] <= 4096):
         problems.append(f"band_radius must be a whole number of pixels in [0, 4096] or null, got {plan['band_radius']!r}")
+    from .evaluate import POINT_SETS
+
+    if plan.get("points", "both") not in POINT_SETS:
+        problems.append(f"points must be one of {', '.join(POINT_SETS)} (python -m depthpack.eval --points), got "
+                        f"{plan['points']!r}")
     if plan.get("max_images") is not None and not _count(plan["max_images"], 1):
         problems.append(f"max_images must be a positive whole number or null, got {plan['max_images']!r}")
     device = plan.get("device", "auto")
@@ -307,9 +313,9 @@ def _cached_eval(out: Path, key: str) -> dict | None:
 def eval_run(children: Children, plan: dict, run: dict, folder: Path, cfg: ModelConfig, log: Path) -> dict:
     """eval.json of the run on the plan's images, points and band (evaluated once, then read)."""
     out = folder / "frontier_eval"
-    points = "all" if _data_kind(folder) == "synthetic" else "both"  # the thin band: synthetic scenes carry it
-    key = json.dumps({**{k: plan.get(k) for k in ("image", "queries", "band_radius", "max_images")}, "points": points},
-                     sort_keys=True)
+    points = plan.get("points", "both")
+    key = {k: plan.get(k) for k in ("image", "queries", "band_radius", "max_images")}
+    key = json.dumps({**key, "points": points} if points != "both" else key, sort_keys=True)  # "both": as before it
     cached = _cached_eval(out, key)
     if cached is not None:
         return cached
@@ -328,12 +334,6 @@ def eval_run(children: Children, plan: dict, run: dict, folder: Path, cfg: Model
     call(children, cmd, log, f"evaluating {run['name']!r}")
     atomic_write_text(out / "plan.json", key)
     return json.loads((out / "eval.json").read_text())
-
-
-def _data_kind(folder: Path) -> str:
-    from ..core.checkpoint import stored_config
-
-    return stored_config(folder).get("train", {}).get("data", {}).get("kind", "synthetic")
 
 
 def one_run(children: Children, plan: dict, run: dict, runs_dir: Path, no_train: bool) -> list[dict] | None:

@@ -356,3 +356,11 @@ def test_the_trainer_dies_with_the_frontier(tmp_path, sig):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_plan_names_its_point_sets(tmp_path):
+    """points: the evaluation's point sets (both by default; all adds the thin band); anything else is refused before
+    anything trains."""
+    assert load_plan(write_plan(tmp_path, [A], points="all"))["points"] == "all"
+    with pytest.raises(ValueError, match="points must be one of uniform, edge, thin, both, all"):
+        load_plan(write_plan(tmp_path, [A], points="corners"))
