@@ -514,11 +514,12 @@ def old_rows(plans: dict[str, dict], name: str, plan: dict, out: Path) -> list[d
 
 
 def merge_rows(plan: dict, old: list[dict], new: dict[str, list[dict]]) -> list[dict]:
-    """The rows of each run evaluated now (new, by name) replace its old ones; every other old row stays. In the
-    plan's order, then the old rows of runs the plan no longer names."""
+    """The rows of each run evaluated now (new, by name) replace its old ones; every other old row stays, marked the
+    default as the plan marks it. In the plan's order, then the old rows of runs the plan no longer names."""
     kept: dict[str, list[dict]] = {}
+    default = {r["name"]: bool(r.get("default")) for r in plan["runs"]}  # the plan says which run is the default
     for r in old:
-        kept.setdefault(r["name"], []).append(r)
+        kept.setdefault(r["name"], []).append({**r, "default": default.get(r["name"], False) and r["path"] == "packed"})
     names = [r["name"] for r in plan["runs"]]
     return [r for name in names + [n for n in kept if n not in names] for r in new.get(name, kept.get(name, []))]
 

@@ -364,3 +364,14 @@ def test_a_plan_names_its_point_sets(tmp_path):
     assert load_plan(write_plan(tmp_path, [A], points="all"))["points"] == "all"
     with pytest.raises(ValueError, match="points must be one of uniform, edge, thin, both, all"):
         load_plan(write_plan(tmp_path, [A], points="corners"))
+
+
+def test_kept_rows_follow_the_plans_default():
+    """A plan that moves its default to another run: the old default's kept rows are no longer marked default."""
+    from depthpack.eval.frontier import merge_rows
+
+    plan = {"runs": [{"name": "old", "path": "packed"}, {"name": "new", "path": "packed", "default": True}]}
+    old = [{"name": "old", "path": "packed", "q": 8, "default": True}, {"name": "gone", "path": "packed", "q": 8, "default": True}]
+    new = {"new": [{"name": "new", "path": "packed", "q": 8, "default": True}]}
+    rows = merge_rows(plan, old, new)
+    assert [(r["name"], r["default"]) for r in rows] == [("old", False), ("new", True), ("gone", False)]
