@@ -122,6 +122,24 @@ def test_batches_made_on_the_device_are_the_samples_with_their_points(store, tmp
     assert torch.equal(torch.div(xp, p, rounding_mode="floor"), torch.div(own, p, rounding_mode="floor"))
 
 
+def test_device_batches_of_a_larger_store_keep_supervision_in_the_models_patches(store, tmp_path):
+    """data_size: a store made larger than the model (16x24 scenes, a 8x16 model) feeds the device path; each
+    supervision point lies in its query's patch as the model sees it after the step's rescale; a store of another
+    size than data_size is refused, naming both."""
+    _, st = store
+    cfg = tiny_cfg(tmp_path, "queries.extra_points=2", "model.img_size=[8,16]", "data_size=[16,24]", "batch_size=4")
+    mcfg = cfg.model_config()
+    b = DeviceScenes(st, torch.device("cpu"), cfg, mcfg).batch(torch.tensor([1, 2, 5, 8]), 5, 8, step=3)
+    assert b.images.shape == (4, 3, 16, 24)
+    xp, parent, _, _ = b.extra
+    xy = torch.tensor([16 / 24, 8 / 16])  # the model's pixels per data pixel, as the step scales the points
+    own = torch.gather(b.points, 1, parent.unsqueeze(-1).expand(-1, -1, 2))
+    p = mcfg.patch_size
+    assert torch.equal(torch.div(xp * xy, p, rounding_mode="floor"), torch.div(own * xy, p, rounding_mode="floor"))
+    with pytest.raises(ValueError, match=r"holds 16x24 scenes, the run takes \(8, 16\)"):
+        DeviceScenes(st, torch.device("cpu"), tiny_cfg(tmp_path, "model.img_size=[8,16]"), mcfg)
+
+
 def test_stream_matches_the_host_streams_order(store, tmp_path):
     from depthpack.train.config import draw_q
 
