@@ -11,7 +11,7 @@ def test_bench_cpu_smoke(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "depthpack.bench", "--preset", "tiny", "--device", "cpu", "--queries", "8,100",
            "--seconds", "0.05", "--repeats", "2", "--sets", "2", "--out", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)  # a hang's guard, not a speed bound
     assert p.returncode == 0, p.stderr[-2000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["rows"] == 10
