@@ -320,7 +320,7 @@ def block_demo_accuracy() -> list[str]:
         "", f"{data['what']}. {i['cpu']}, torch {i['torch']}, commit `{i['commit']}`."]
 
 
-# ---- the accuracy-cost frontier (docs/results/frontier.json, written by python -m depthpack.eval.frontier) ----
+# ---- the accuracy-cost frontier (docs/results/frontier.json, written by python -m depthpack.frontier) ----
 def _frontier_caption(data: dict) -> str:
     rows = data["rows"]
     one = lambda key: ", ".join(sorted({str(r[key]) for r in rows}))  # noqa: E731

@@ -5,7 +5,7 @@
 #   render   the renderer at 420x560, batch 64, on the GPU (scripts/render_bench.py): scenes/s and its parts
 #   latency  B1 Q256 of the new default layout beside today's 144 thumbnail anchors (python -m depthpack.bench,
 #            row fast, untrained checkpoints: latency depends on the shapes, not the weights)
-#   frontier the plan's runs named in RUNS (all when empty), trained and evaluated by python -m depthpack.eval.frontier;
+#   frontier the plan's runs named in RUNS (all when empty), trained and evaluated by python -m depthpack.frontier;
 #            finished runs in $W are read, not trained again; rows and figure to $OUT
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_frontier_out}
@@ -49,7 +49,7 @@ if has frontier; then
   only=()
   [ -n "${RUNS:-}" ] && { eval "names=($RUNS)"; only=(--only "${names[@]}"); }
   step "frontier: ${RUNS:-every run}"
-  timeout "${FRONTIER_S:-420}" $PY -m depthpack.eval.frontier --plan "$PLAN" --runs "$W/runs" --jobs "${JOBS:-2}" \
+  timeout "${FRONTIER_S:-420}" $PY -m depthpack.frontier --plan "$PLAN" --runs "$W/runs" --jobs "${JOBS:-2}" \
     --out "$W/frontier.json" --figure "$W/frontier.png" "${only[@]}" >"$OUT/frontier.log" 2>&1
   echo "frontier exit $?" | tee -a "$LOG"; cp "$W"/frontier.json "$W"/frontier.png "$OUT"/ 2>/dev/null; grep -v "%|" "$OUT/frontier.log" | tail -12 | cut -c1-300 | tee -a "$LOG"
   for f in "$W"/runs/*/log.csv; do echo "$f: $(tail -1 "$f" | cut -c1-80)"; done 2>/dev/null | tee -a "$LOG"

@@ -163,8 +163,8 @@ def test_the_reader_finds_commands_joins_lines_drops_comments_and_classifies():
     assert classify("python -m depthpack.eval --checkpoint runs/demo")[0] == RUN
     assert classify("python -m depthpack.export --checkpoint runs/vits --out o --device cuda") == (ARGS, "needs a CUDA GPU")
     assert classify("python3 -m venv ~/dp && . ~/dp/bin/activate && pip install -U pip")[0] == NOT_RUN
-    assert classify("python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --jobs 2")[0] == ARGS
-    assert classify("python -m depthpack.eval.frontier --plan configs/frontier_tiny.yaml --runs r")[0] == RUN
+    assert classify("python -m depthpack.frontier --plan configs/frontier_cpu.yaml --jobs 2")[0] == ARGS
+    assert classify("python -m depthpack.frontier --plan configs/frontier_tiny.yaml --runs r")[0] == RUN
     kind, why = classify("rm -rf runs")
     assert kind is None and "RULES in tests/test_documented_commands.py" in why
 
@@ -306,8 +306,8 @@ def parse_args(self, args=None, namespace=None):
         if self.prog == "python -m depthpack.train":
             from depthpack.train.config import load_train_config
             load_train_config(ns.config, ns.overrides)
-        if self.prog == "python -m depthpack.eval.frontier":
-            from depthpack.eval.frontier import load_plan
+        if self.prog == "python -m depthpack.frontier":
+            from depthpack.frontier import load_plan
             load_plan(ns.plan)
     except SystemExit as e:
         _note(prog=self.prog, ok=e.code in (0, None))

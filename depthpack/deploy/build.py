@@ -305,7 +305,8 @@ def export(model: DepthPack, opts: ExportOptions, preset: str | None = None, log
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         free = shutil.disk_usage(staged).free if staged.exists() else None
         shutil.rmtree(staged, ignore_errors=True)
-        if full or (not isinstance(e, ValueError) and free is not None and free < 64 << 20):
+        # torch's zip writer reports a full disk as a RuntimeError; a bug (NameError, ...) is never blamed on the disk
+        if full or (isinstance(e, (OSError, RuntimeError)) and free is not None and free < 64 << 20):
             raise ExportError(f"no space left on the device under {staged.parent} ({(free or 0) >> 20} MiB free): "
                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; the previous export "
                               f"(if any) is untouched") from None

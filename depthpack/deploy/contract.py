@@ -67,6 +67,7 @@ FOCAL_UNITS = "pixels of the input"
 BUCKET_KEYS = ("bucket", "file", "sha256", "inputs", "outputs")
 MAP_PACKAGE_KEYS = ("file", "sha256", "inputs", "outputs")  # in "map" beside "size" (format 5): the map-only package
 MAP_PACKAGE, MAP_BUCKET = "depthpack_map.pt2", "map"  # its file name, and its PACKAGE_BUCKET metadata
+
 TENSOR_DTYPES = ("float32", "uint8")
 FRAME_FORMATS = {"bgr8": "bgr", "rgb8": "rgb"}  # the exporter's --frame-format -> the manifest's frame color
 # keys of the package's own metadata (aot_inductor.metadata): its bucket, its inputs as JSON, and the
@@ -92,6 +93,11 @@ def package_name(bucket: int) -> str:
 
 def onnx_name(bucket: int) -> str:
     return f"depthpack_k{bucket}.onnx"
+
+
+def package_tag(bucket: int | None) -> str:
+    """The suffix of a package's tensors in the self-check's inputs file: k{K}, or map (the map-only package)."""
+    return f"k{bucket}" if bucket else MAP_BUCKET
 
 
 def tensor_spec(name: str, shape, dtype: str = "float32") -> dict:

@@ -248,7 +248,8 @@ def _why(e: BaseException, path: Path) -> str:
 
     free = shutil.disk_usage(path.parent).free if path.parent.exists() else None
     text = f"{type(e).__name__}: {e}".strip().splitlines()[0][:300]
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (free is not None and free < 64 << 20):
+    low = isinstance(e, (OSError, RuntimeError)) and free is not None and free < 64 << 20  # torch's zip writer: RuntimeError
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or low:
         return f"no space left on the device under {path.parent} ({(free or 0) >> 20} MiB free); {text}"
     return text
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..core.model import DepthPack
+from .contract import package_tag
 from .package import ExportError, example_inputs, forward_of, has_map_package
 
 
@@ -45,8 +46,6 @@ def start_self_check(model: DepthPack, manifest_path: Path, buckets, batch: int,
     """The eager outputs on fresh inputs, computed here (each bucket's package, and the map-only package
     where the model has one), and the child process started on them."""
     from safetensors.torch import save_file
-
-    from ..runtime.aoti import package_tag
 
     fresh = {}
     with torch.no_grad():

@@ -29,7 +29,7 @@ import torch
 
 from ..core.packing import chunk_plan, pad_points, run_chunked
 from ..deploy.contract import (MAP_BUCKET, PACKAGE_BUCKET, PACKAGE_CONSTANTS, PACKAGE_INPUTS, check_device, map_package,
-                               read_manifest, verify_file, within)
+                               package_tag, read_manifest, verify_file, within)
 from .graphs import capture, summarize, time_calls
 
 Runner = Callable[..., torch.Tensor]  # (images|frames, points[, focal]) -> depth; the map-only package's: no points
@@ -205,11 +205,6 @@ def bench_runner(fn: Runner, images: torch.Tensor, points: torch.Tensor, iters: 
 
 
 # ---- the self-check, run in a child process by the exporter ----------------------------------------
-def package_tag(bucket: int | None) -> str:
-    """The suffix of a package's tensors in the self-check's inputs file: k{K}, or map (the map-only package)."""
-    return f"k{bucket}" if bucket else MAP_BUCKET
-
-
 def check(manifest_path: str | Path, device: str | None = None, inputs: str | None = None, bench: int = 0) -> dict:
     """Compare every package with the reference file (chunked) and, when `inputs` is given, with the
     eager outputs stored there (each package's inputs and outputs by name, suffixed by its package_tag:

@@ -55,7 +55,7 @@ def one_line_error(p: subprocess.CompletedProcess, *words: str) -> str:
 
 
 def test_full_disk_fresh_and_over_an_earlier_export(tmpfs):
-    disk = tmpfs(6)  # room for one tiny export (about 4 MB), not for a second one beside it
+    disk = tmpfs(10)  # room for one tiny export (about 7 MB: a bucket and the map package), not for a second
     first = export(disk / "exp")
     assert first.returncode == 0, first.stderr[-2000:]
     before = {p.name: p.read_bytes() for p in (disk / "exp").iterdir()}
@@ -76,7 +76,7 @@ def test_mount_point_is_filled_in_place_and_read_only_is_refused_first(tmpfs):
     assert p.returncode == 0, p.stderr[-2000:]
     m = json.loads((mnt / "manifest.json").read_text())
     assert sorted(f.name for f in mnt.iterdir()) == sorted(
-        [m["buckets"][0]["file"], "manifest.json", "reference.png", "reference.safetensors", "reference_points.csv",
+        [m["buckets"][0]["file"], m["map"]["file"], "manifest.json", "reference.png", "reference.safetensors", "reference_points.csv",
          "weights.safetensors"])
     p = export(mnt, "--seed", "1")  # a re-export into the same mount point
     assert p.returncode == 0, p.stderr[-2000:]

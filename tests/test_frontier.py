@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from depthpack.core.config import model_config
-from depthpack.eval.frontier import dense_cost, load_plan, main, packed_cost
+from depthpack.frontier import dense_cost, load_plan, main, packed_cost
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_plan(tmp_path: Path, runs: list[dict], **kw) -> Path:
@@ -51,7 +51,7 @@ def test_costs_count_the_attention_as_it_runs():
     from torch.utils.flop_counter import FlopCounterMode
 
     from depthpack import create_model
-    from depthpack.eval.frontier import buffer_gflop
+    from depthpack.frontier import buffer_gflop
 
     def sdpa(q_shape, k_shape, *args, **kwargs) -> int:  # QK^T and AV: 2 multiply-adds a (query, key, dim)
         B, H, S, d = q_shape
@@ -164,7 +164,7 @@ def test_a_full_disk_leaves_the_old_figure_whole(tmp_path, monkeypatch):
     import os
 
     from depthpack.core import files
-    from depthpack.eval.frontier import figure
+    from depthpack.frontier import figure
 
     rows = [{"name": "p", "path": "packed", "q": q, "encoder_gflop": g, "absrel_uniform": 0.2, "absrel_edge": 0.3,
              "default": True, "seed": 0} for q, g in ((8, 0.1), (64, 0.4))]
@@ -294,7 +294,7 @@ def test_failed_runs_are_one_line_each_and_the_others_go_on(trained, tmp_path, c
 def test_a_figure_that_cannot_be_written_is_one_line_after_the_rows(trained, tmp_path, monkeypatch):
     import errno
 
-    from depthpack.eval import frontier
+    from depthpack import frontier
 
     args, _ = copy_of(trained, tmp_path)
 
@@ -341,7 +341,7 @@ def test_the_trainer_dies_with_the_frontier(tmp_path, sig):
     """A frontier killed (SIGKILL: the kernel kills its children) or terminated (SIGTERM: it kills their process
     groups, exit 143) leaves no trainer writing its run folder."""
     plan = write_plan(tmp_path, [{"name": "long", "path": "packed", "overrides": ["steps=100000"]}])
-    cmd = [sys.executable, "-m", "depthpack.eval.frontier", *frontier_args(tmp_path, plan, tmp_path / "runs")]
+    cmd = [sys.executable, "-m", "depthpack.frontier", *frontier_args(tmp_path, plan, tmp_path / "runs")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -368,7 +368,7 @@ def test_a_plan_names_its_point_sets(tmp_path):
 
 def test_kept_rows_follow_the_plans_default():
     """A plan that moves its default to another run: the old default's kept rows are no longer marked default."""
-    from depthpack.eval.frontier import merge_rows
+    from depthpack.frontier import merge_rows
 
     plan = {"runs": [{"name": "old", "path": "packed"}, {"name": "new", "path": "packed", "default": True}]}
     old = [{"name": "old", "path": "packed", "q": 8, "default": True}, {"name": "gone", "path": "packed", "q": 8, "default": True}]

@@ -2,8 +2,8 @@
 AbsRel against encoder GFLOP, on uniform points, in the depth-edge band and on the thin band (thin structures and
 small objects of synthetic scenes), all trained the same way.
 
-    python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --jobs 2          # train + evaluate
-    python -m depthpack.eval.frontier --plan configs/frontier_cpu.yaml --no-train        # finished runs only
+    python -m depthpack.frontier --plan configs/frontier_cpu.yaml --jobs 2          # train + evaluate
+    python -m depthpack.frontier --plan configs/frontier_cpu.yaml --no-train        # finished runs only
 
 A plan (YAML) names the runs: each a training config (`base`), the overrides every run shares
 (`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). The whole plan is
@@ -37,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core import cli
-from ..core.config import ModelConfig, load_yaml, parse_overrides
-from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
-from ..core.packing import chunk_plan
+from .core import cli
+from .core.config import ModelConfig, load_yaml, parse_overrides
+from .core.files import atomic_write_json, atomic_write_text, check_writable_dir
+from .core.packing import chunk_plan
 
 PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "points", "max_images", "device", "runs"}
 RUN_KEYS = {"name", "path", "overrides", "default"}
@@ -114,7 +114,7 @@ def _texts(v: Any) -> bool:
 
 def _plan_problems(plan: dict) -> list[str]:
     """The plan's own keys, each of its type."""
-    from ..train.config import DEVICE_NAME
+    from .train.config import DEVICE_NAME
 
     problems = []
     if not (isinstance(plan["base"], str) and plan["base"].strip()):
@@ -133,7 +133,7 @@ def _plan_problems(plan: dict) -> list[str]:
         problems.append(f"queries must be a list of positive whole numbers, got {queries!r}")
     if plan.get("band_radius") is not None and not (_count(plan["band_radius"], 0) and plan["band_radius"] <= 4096):
         problems.append(f"band_radius must be a whole number of pixels in [0, 4096] or null, got {plan['band_radius']!r}")
-    from .evaluate import POINT_SETS
+    from .eval.evaluate import POINT_SETS
 
     if plan.get("points", "both") not in POINT_SETS:
         problems.append(f"points must be one of {', '.join(POINT_SETS)} (python -m depthpack.eval --points), got "
@@ -175,7 +175,7 @@ def _run_problems(runs: list[dict]) -> list[str]:
 
 def _config_problems(plan: dict, run: dict) -> list[str]:
     """The run's merged training config builds (depthpack.train's loader), and leaves OWN_KEYS to the frontier."""
-    from ..train.config import load_train_config
+    from .train.config import load_train_config
 
     given = [*plan.get("common", []), *run.get("overrides", [])]
     try:
@@ -339,7 +339,7 @@ def eval_run(children: Children, plan: dict, run: dict, folder: Path, cfg: Model
 def one_run(children: Children, plan: dict, run: dict, runs_dir: Path, no_train: bool) -> list[dict] | None:
     """The rows of one run, trained first unless finished; None when --no-train leaves it out. RunFailed or a
     ValueError (a finished run without a checkpoint, say) when it fails."""
-    from ..core.checkpoint import CheckpointError, stored_config
+    from .core.checkpoint import CheckpointError, stored_config
 
     folder = run_dir(runs_dir, run)
     log = runs_dir / f"{slug(run['name'])}.log"
@@ -357,7 +357,7 @@ def one_run(children: Children, plan: dict, run: dict, runs_dir: Path, no_train:
     except CheckpointError as e:  # a finished run whose checkpoints were deleted, say
         raise RunFailed(f"{folder} is finished (summary.json) but holds no checkpoint to evaluate "
                         f"({cli.one_line(e)[:300]})") from None
-    from ..core.config import stored_model_config
+    from .core.config import stored_model_config
 
     cfg = stored_model_config(stored["model"])
     result = eval_run(children, plan, run, folder, cfg, log)
@@ -393,7 +393,7 @@ def rows_of(plan: dict, run: dict, cfg: ModelConfig, stored: dict, result: dict,
 def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
     """AbsRel against encoder GFLOP, uniform points, the edge band and (where rows have it) the thin band side by
     side: each packed model's Q sweep as a line, each model's own dense path and the dense-trained models as points."""
-    from .viz import _plt, save_figure
+    from .eval.viz import _plt, save_figure
 
     plt = _plt()
     bands = [("absrel_uniform", "uniform points"), ("absrel_edge", "depth-edge band")]
@@ -452,7 +452,7 @@ def figure(rows: list[dict], path: str | Path, title: str = "") -> Path:
 
 # ---- the command --------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = cli.Parser(prog="python -m depthpack.eval.frontier", description=__doc__.split("\n\n")[0], name="frontier",
+    ap = cli.Parser(prog="python -m depthpack.frontier", description=__doc__.split("\n\n")[0], name="frontier",
                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", required=True, help="the plan: a YAML file (see above)")
     ap.add_argument("--runs", default="runs/frontier", help="where the runs' folders are (one per run)")
@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> dict:
     todo = [r for r in plan["runs"] if a.only is None or r["name"] in a.only]
     if a.only and len(todo) != len(a.only):
         raise ValueError(f"--only: {sorted(set(a.only) - {r['name'] for r in todo})} are not runs of {a.plan}")
-    from .evaluate import resolve_device
+    from .eval.evaluate import resolve_device
 
     resolve_device(plan.get("device", "auto"), f"plan {a.plan}: device")  # the runs are evaluated here
     runs_dir = check_outputs(a)
