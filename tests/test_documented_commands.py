@@ -55,7 +55,7 @@ RULES = [
     (r"/opt/depthpack", ARGS, "a Jetson's export (docs/install.md)"),
     (r"scripts/(gpu_\w+|cpp_frame_loop)\.sh", ARGS, "a GPU run script"),
     (r"depthpack\.train\s.*configs/(demo|scale|vits_\w+)\.yaml|depthpack\.bench\s.*--preset\s+vits|scripts/demo\.py\s"
-     r"|depthpack\.eval\.frontier\s.*configs/frontier_(cpu|h200)\.yaml",
+     r"|depthpack\.frontier\s.*configs/frontier_(cpu|h200)\w*\.yaml",
      ARGS, "trains or benchmarks a full-size model: minutes to hours on 2 CPU cores"),
     (r"\s/(tmp|data)/|=/(tmp|data)/", ARGS, "writes under /tmp or /data, outside the test's folder"),
     (r"--profile\s", ARGS, "needs a profile measured on a GPU (python scripts/gpu_profile.py)"),
@@ -164,6 +164,7 @@ def test_the_reader_finds_commands_joins_lines_drops_comments_and_classifies():
     assert classify("python -m depthpack.export --checkpoint runs/vits --out o --device cuda") == (ARGS, "needs a CUDA GPU")
     assert classify("python3 -m venv ~/dp && . ~/dp/bin/activate && pip install -U pip")[0] == NOT_RUN
     assert classify("python -m depthpack.frontier --plan configs/frontier_cpu.yaml --jobs 2")[0] == ARGS
+    assert classify("python -m depthpack.frontier --plan configs/frontier_cpu_detail.yaml --jobs 2")[0] == ARGS
     assert classify("python -m depthpack.frontier --plan configs/frontier_tiny.yaml --runs r")[0] == RUN
     kind, why = classify("rm -rf runs")
     assert kind is None and "RULES in tests/test_documented_commands.py" in why

@@ -212,7 +212,7 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
                 os.kill(k, signal.SIGSTOP)
         t0 = time.monotonic()
         os.kill(proc.pid, sig)
-        proc.wait(timeout=120)
+        proc.wait(timeout=600)  # a hang guard: the compile is frozen, so an exporter waiting for it never ends
         took = time.monotonic() - t0
         err = proc.stderr.read()  # to its end: when the resource tracker, which shares it, is gone too
     finally:
