@@ -13,10 +13,10 @@ again; the rest train as subprocesses, --jobs at a time, each dying with this co
 folder's train.lock, so a folder another live trainer holds is refused). Every run is evaluated on the same
 held-out scenes at the plan's `image` size (a model of another size sees them resized, its points scaled),
 at the same query points (`points`: the point sets of python -m depthpack.eval --points, both by default; all
-adds the thin band of synthetic scenes), with the same depth-edge band (`band_radius` pixels of that image). A
-run that fails is one line naming its log; the others go on, and the command then exits 1 saying which failed.
+adds the thin band of synthetic scenes, its parts at most `thin_max_px` pixels across), with the same
+depth-edge band (`band_radius` pixels of that image). A run that fails is one line naming its log; the others go on, and the command then exits 1 saying which failed.
 Rows go to --out (docs/results/frontier.json by default), under the plan's name (its file's
-stem) beside other plans' rows: {plans: {name: {plan, image, band_radius, hardware, rows}}}, a row {name, path,
+stem) beside other plans' rows: {plans: {name: {plan, image, band_radius, [thin_max_px,] hardware, rows}}}, a row {name, path,
 image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps, scenes, seed, device, torch,
 commit, patches, default}; the rows of runs evaluated now replace theirs, the rows of every other run are kept;
 the figure goes to --figure.
@@ -42,7 +42,7 @@ from .core.config import ModelConfig, load_yaml, parse_overrides
 from .core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from .core.packing import chunk_plan
 
-PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "points", "max_images", "device", "runs"}
+PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "thin_max_px", "points", "max_images", "device", "runs"}
 RUN_KEYS = {"name", "path", "overrides", "default"}
 OWN_KEYS = ("out_dir", "resume")  # the frontier sets these for each run: a plan that sets them is refused
 
@@ -133,6 +133,8 @@ def _plan_problems(plan: dict) -> list[str]:
         problems.append(f"queries must be a list of positive whole numbers, got {queries!r}")
     if plan.get("band_radius") is not None and not (_count(plan["band_radius"], 0) and plan["band_radius"] <= 4096):
         problems.append(f"band_radius must be a whole number of pixels in [0, 4096] or null, got {plan['band_radius']!r}")
+    if plan.get("thin_max_px") is not None and not (_count(plan["thin_max_px"], 1) and plan["thin_max_px"] <= 4096):
+        problems.append(f"thin_max_px must be a whole number of pixels in [1, 4096] or null, got {plan['thin_max_px']!r}")
     from .eval.evaluate import POINT_SETS
 
     if plan.get("points", "both") not in POINT_SETS:
@@ -310,11 +312,34 @@ def _cached_eval(out: Path, key: str) -> dict | None:
     return result
 
 
+def thin_max_px(plan: dict) -> int:
+    """The thin band's width in pixels of the plan's images: its thin_max_px, or the evaluation's default."""
+    from .data.queries import THIN_MAX_PX
+
+    return plan.get("thin_max_px") or THIN_MAX_PX
+
+
+def _has_thin(plan: dict) -> bool:
+    """Whether the plan's point sets hold the thin band."""
+    from .eval.evaluate import POINT_SETS
+
+    return "thin" in POINT_SETS[plan.get("points", "both")]
+
+
+def _plan_value(plan: dict, key: str):
+    """What a plan evaluated with, as its document in --out records it (thin_max_px only where the thin band is)."""
+    if key == "thin_max_px":
+        return thin_max_px(plan) if _has_thin(plan) else None
+    return plan.get(key)
+
+
 def eval_run(children: Children, plan: dict, run: dict, folder: Path, cfg: ModelConfig, log: Path) -> dict:
     """eval.json of the run on the plan's images, points and band (evaluated once, then read)."""
     out = folder / "frontier_eval"
     points = plan.get("points", "both")
     key = {k: plan.get(k) for k in ("image", "queries", "band_radius", "max_images")}
+    if _has_thin(plan):
+        key["thin_max_px"] = thin_max_px(plan)
     key = json.dumps({**key, "points": points} if points != "both" else key, sort_keys=True)  # "both": as before it
     cached = _cached_eval(out, key)
     if cached is not None:
@@ -329,6 +354,8 @@ def eval_run(children: Children, plan: dict, run: dict, folder: Path, cfg: Model
            "--device", plan.get("device", "auto")]
     if plan.get("band_radius") is not None:
         cmd += ["--band-radius", str(plan["band_radius"])]
+    if _has_thin(plan):
+        cmd += ["--thin-max-px", str(thin_max_px(plan))]
     if plan.get("max_images"):
         cmd += ["--max-images", str(plan["max_images"])]
     call(children, cmd, log, f"evaluating {run['name']!r}")
@@ -506,10 +533,10 @@ def old_rows(plans: dict[str, dict], name: str, plan: dict, out: Path) -> list[d
     entry = plans.get(name)
     if entry is None:
         return []
-    for key in ("image", "band_radius"):
-        if entry.get(key) != plan.get(key):
+    for key in ("image", "band_radius", "thin_max_px"):
+        if entry.get(key) != _plan_value(plan, key):
             raise ValueError(f"--out {out} holds rows of plan {name} evaluated with {key} {entry.get(key)!r}, this "
-                             f"plan's {key} is {plan.get(key)!r}: they would not compare; give another --out")
+                             f"plan's {key} is {_plan_value(plan, key)!r}: they would not compare; give another --out")
     return entry["rows"]
 
 
@@ -573,6 +600,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise ValueError(f"nothing to write: {why}; {a.out} left as it was")
     rows = merge_rows(plan, old, new)
     doc = {"plan": str(a.plan), "image": plan["image"], "band_radius": plan.get("band_radius"),
+           **({"thin_max_px": thin_max_px(plan)} if _plan_value(plan, "thin_max_px") is not None else {}),
            "hardware": ", ".join(sorted({str(r["device"]) for r in rows})) or platform.machine(), "rows": rows}
     atomic_write_json(a.out, {"plans": {**plans, name: doc}}, sort_keys=False)
     try:

@@ -87,6 +87,7 @@ A = {"name": "a", "path": "packed"}
     ([A], {"queries": [8, 0]}, r"queries must be a list of positive whole numbers, got \[8, 0\]"),
     ([A], {"queries": 8}, "queries must be a list"),
     ([A], {"band_radius": -1}, "band_radius must be a whole number of pixels"),
+    ([A], {"thin_max_px": 0}, r"thin_max_px must be a whole number of pixels in \[1, 4096\] or null, got 0"),
     ([A], {"max_images": 0}, "max_images must be a positive whole number"),
     ([A], {"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
     ([{**A, "overrides": "steps=2"}], {}, "run 'a': overrides must be a list of key=value strings"),
@@ -108,7 +109,7 @@ def test_bad_plans_are_refused_before_anything_trains(tmp_path, runs, keys, matc
     assert not (tmp_path / "runs").exists() and not (tmp_path / "f.json").exists()
 
 
-@pytest.mark.parametrize("name", ["frontier_cpu", "frontier_h200", "frontier_tiny"])
+@pytest.mark.parametrize("name", ["frontier_cpu", "frontier_cpu_detail", "frontier_h200", "frontier_tiny"])
 def test_the_shipped_plans_pass_the_checks(name, monkeypatch):
     monkeypatch.chdir(ROOT)  # their base configs are named from the repository's root, as the docs run them
     assert load_plan(f"configs/{name}.yaml")["runs"]
@@ -375,3 +376,20 @@ def test_kept_rows_follow_the_plans_default():
     new = {"new": [{"name": "new", "path": "packed", "q": 8, "default": True}]}
     rows = merge_rows(plan, old, new)
     assert [(r["name"], r["default"]) for r in rows] == [("old", False), ("new", True), ("gone", False)]
+
+
+def test_rows_of_another_thin_band_are_not_mixed_with_new_ones(tmp_path):
+    """thin_max_px (the thin band's width, 4 px by default) is part of what rows were evaluated on: --out rows of the
+    plan evaluated with another width, or before the band had one, are refused, not merged."""
+    from depthpack.frontier import old_rows
+
+    plan = load_plan(write_plan(tmp_path, [A], points="all"))
+    entry = {"image": plan["image"], "band_radius": plan.get("band_radius"), "rows": [{"name": "a"}]}
+    with pytest.raises(ValueError, match="evaluated with thin_max_px None, this plan's thin_max_px is 4"):
+        old_rows({"p": entry}, "p", plan, tmp_path / "f.json")
+    assert old_rows({"p": {**entry, "thin_max_px": 4}}, "p", plan, tmp_path / "f.json") == [{"name": "a"}]
+    plan8 = load_plan(write_plan(tmp_path, [A], points="all", thin_max_px=8))
+    with pytest.raises(ValueError, match="evaluated with thin_max_px 4, this plan's thin_max_px is 8"):
+        old_rows({"p": {**entry, "thin_max_px": 4}}, "p", plan8, tmp_path / "f.json")
+    both = load_plan(write_plan(tmp_path, [A]))  # no thin band: no width to match
+    assert old_rows({"p": entry}, "p", both, tmp_path / "f.json") == [{"name": "a"}]

@@ -4,6 +4,9 @@ Image edges are the Sobel gradient magnitude of the image's luminance (what the 
 inference). The depth-edge band is where resolution decides: the pixels within `radius` pixels
 (a square: Chebyshev distance) of a ground-truth depth discontinuity, which is a pair of 4-neighbours,
 both valid, whose depths differ by a ratio above `threshold` (Depth Pro's boundary definition).
+The thin band is where the scene's thin structures and small objects are thin in the image: the pixels of
+those objects (the renderer's mask) in parts at most `max_px` pixels across, which a max_px+1 square
+cannot cover inside the mask (a morphological opening); a pole close to the camera, 20 px wide, is not in it.
 Points are integer pixel coordinates (x = column, y = row) as float32, the convention of
 DepthPack.depth_map: point (x, y) refers to pixel (floor(x), floor(y)).
 """
@@ -63,6 +66,24 @@ def edge_band(depth: torch.Tensor, valid: torch.Tensor, radius: int, threshold: 
         x = edges.reshape(-1, 1, *shape[-2:]).float()
         edges = F.max_pool2d(x, 2 * radius + 1, stride=1, padding=radius).reshape(shape) > 0
     return edges & valid
+
+
+THIN_MAX_PX = 4  # the thin band: parts of thin structures and small objects at most this many pixels across
+
+
+def thin_band(thin: torch.Tensor, max_px: int = THIN_MAX_PX) -> torch.Tensor:
+    """thin [...,H,W] bool (the pixels of thin structures and small objects) -> bool [...,H,W]: those pixels
+    that no (max_px+1)-square inside the mask covers, the parts at most max_px pixels across. Outside the image
+    counts as inside the mask, so a pole cut by the border is judged by its own width."""
+    if isinstance(max_px, bool) or not isinstance(max_px, int) or not 1 <= max_px <= 4096:
+        raise ValueError(f"thin band width must be a whole number of pixels in [1, 4096], got {max_px!r}")
+    shape = thin.shape
+    x = thin.reshape(-1, 1, *shape[-2:]).float()
+    k = max_px + 1
+    pad = (k // 2, k - 1 - k // 2, k // 2, k - 1 - k // 2)  # an even square too: the same window both ways
+    eroded = -F.max_pool2d(F.pad(-x, pad, value=float("-inf")), k, stride=1)  # the squares' corners inside the mask
+    opened = F.max_pool2d(F.pad(eroded, pad[::-1], value=0.0), k, stride=1)  # the pixels those squares cover
+    return thin & (opened.reshape(shape) < 0.5)
 
 
 def sample_queries(valid: torch.Tensor, image: torch.Tensor, q: int, generator: torch.Generator,

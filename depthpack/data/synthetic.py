@@ -507,24 +507,26 @@ def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int 
            families: Families | None = None) -> None:
     """A PNG of n scenes (alternately a room and a street) at size with the families' objects (default: Families()):
     the image, its depth (turbo, sky in black), and the image with the thin band (red: the pixels of thin
-    structures and small objects) and the depth-edge band of the given radius (blue, one vits patch by default)."""
+    structures and small objects where at most THIN_MAX_PX across; yellow: where wider) and the depth-edge band of the given radius (blue, one vits patch by default)."""
     fam = families or Families()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .queries import edge_band
+    from .queries import THIN_MAX_PX, edge_band, thin_band
 
     fig, ax = plt.subplots(n, 3, figsize=(3 * 4.2, n * 3.3 * size[0] / size[1] * 4 / 3))
     for j in range(n):
         kind = ("indoor", "outdoor")[j % 2]
         sc, cam, _ = draw(seed, j, size, kind, "train", "fixed", fam)
         image, depth, thin = render_drawn([(sc, cam)], "cpu", *size)
+        narrow = thin_band(thin[0]).numpy()
         image, depth, thin = image[0].numpy(), depth[0], thin[0].numpy()
         band = edge_band(depth, depth > 0, radius).numpy()
         over = image * 0.6
         over[band] = 0.4 * over[band] + 0.6 * np.array([0.2, 0.45, 1.0])
-        over[thin] = np.array([1.0, 0.15, 0.1])
+        over[thin] = np.array([1.0, 0.75, 0.2])  # the families' pixels where they are wide: not in the band
+        over[narrow] = np.array([1.0, 0.15, 0.1])
         d = np.ma.masked_equal(depth.numpy(), 0.0)
         ax[j, 0].imshow(image)
         ax[j, 0].set_title(f"{kind} {j}", fontsize=9)
@@ -533,13 +535,14 @@ def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int 
         ax[j, 1].set_title(f"depth {d.min():.1f}-{d.max():.1f} m", fontsize=9)
         fig.colorbar(im, ax=ax[j, 1], fraction=0.035)
         ax[j, 2].imshow(over, interpolation="nearest")
-        ax[j, 2].set_title(f"thin band (red) {100 * thin.mean():.1f}%, edge band r={radius} px (blue) "
-                           f"{100 * band.mean():.0f}%", fontsize=8)
+        ax[j, 2].set_title(f"thin band (red) {100 * narrow.mean():.1f}% (wider: yellow), edge band r={radius} px "
+                           f"(blue) {100 * band.mean():.0f}%", fontsize=8)
     for a in ax.ravel():
         a.set_xticks([])
         a.set_yticks([])
     fig.suptitle(f"{size[0]}x{size[1]}: about {fam.thin:g} thin structures and {fam.distant:g} small objects a scene, "
-                 f"1-4 px at width {fam.width_ref}", fontsize=10)
+                 f"1-4 px at width {fam.width_ref}; the thin band: their parts at most {THIN_MAX_PX} px across",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

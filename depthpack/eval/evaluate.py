@@ -46,7 +46,7 @@ from ..core.preprocess import parse_frame_size, to_model_size
 from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..data.datasets import make_dataset
-from ..data.queries import EDGE_THRESHOLD, check_band, edge_band, sample_queries
+from ..data.queries import EDGE_THRESHOLD, THIN_MAX_PX, check_band, edge_band, sample_queries, thin_band
 from ..data.config import DataConfig
 from .metrics import MetricAccumulator, si_boundary_f1
 from .viz import depth_figure
@@ -79,6 +79,7 @@ class EvalSettings:
     #                          small objects (the thin band: synthetic scenes), uniform and edge, or all three
     band_radius: int | None = None  # the edge band's radius in pixels; None: one patch of the model (band_radius())
     band_threshold: float = EDGE_THRESHOLD  # a neighbour depth ratio above this is a discontinuity
+    thin_max_px: int = THIN_MAX_PX  # the thin band: parts of thin structures and small objects this many pixels across
     focal: str = "data"  # "data": each image's focal length where the data set has it (0 = unknown);
     #                      "default": none given (the model's focal_default); models without a focal input ignore it
 
@@ -86,6 +87,7 @@ class EvalSettings:
         if self.points not in POINT_SETS:
             raise ValueError(f"points must be one of {', '.join(POINT_SETS)}, got {self.points!r}")
         check_band(0 if self.band_radius is None else self.band_radius, self.band_threshold)
+        thin_band(torch.zeros(1, 1, dtype=torch.bool), self.thin_max_px)  # its width: one ValueError here
 
 
 # ---- points -------------------------------------------------------------------------------------
@@ -220,7 +222,7 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
             if radius is None:
                 radius = band_radius(model, tuple(samples[0][1]["depth"].shape[-2:]), s)
             for band in bands:
-                regions = [region(smp, band, radius, s.band_threshold) for _, smp in samples]
+                regions = [region(smp, band, radius, s.band_threshold, s.thin_max_px) for _, smp in samples]
                 for q in s.queries:
                     pts = [(i, smp, eval_points(smp, q, s.seed, i, s.edge_frac, reg)) for (i, smp), reg in zip(samples, regions)]
                     kept = [(i, smp, p) for i, smp, p in pts if p is not None]
@@ -243,7 +245,7 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
     first = out_bands[bands[0]]
     out = {**first, "bands": out_bands, "settings": asdict(s), "focal": focal_report(focals, s, model),
            "band": {"radius": radius, "threshold": s.band_threshold, "images_without_band": skipped.get("edge"),
-                    **({"images_without_thin": skipped["thin"]} if "thin" in skipped else {})}}
+                    **({"images_without_thin": skipped["thin"], "thin_max_px": s.thin_max_px} if "thin" in skipped else {})}}
     if s.dense_map:
         out["dense_map"] = [{"path": "dense map", "anchors": a, "images": m["acc"].images, **m["acc"].compute(),
                              "boundary_f1": sum(m["f1"]) / len(m["f1"])} for a, m in maps.items() if m["acc"].images]
@@ -252,9 +254,10 @@ def evaluate(model, dataset, s: EvalSettings) -> dict[str, Any]:
     return out
 
 
-def region(sample: dict, band: str, radius: int, threshold: float) -> torch.Tensor:
+def region(sample: dict, band: str, radius: int, threshold: float, thin_max_px: int = THIN_MAX_PX) -> torch.Tensor:
     """Where a point set draws its points in a sample: its valid pixels inside the evaluation crop, and
-    for "edge" inside the depth-edge band, for "thin" on the thin band (the sample's "thin" mask) too."""
+    for "edge" inside the depth-edge band, for "thin" on the thin band (the parts of the sample's "thin" mask
+    at most thin_max_px pixels across) too."""
     mask = sample["valid"] & sample["eval_mask"]
     if band == "edge":
         mask = mask & edge_band(sample["depth"], sample["valid"], radius, threshold)
@@ -262,7 +265,7 @@ def region(sample: dict, band: str, radius: int, threshold: float) -> torch.Tens
         if "thin" not in sample:
             raise ValueError(f"--points thin: sample {sample.get('name', '?')} has no thin-structure mask (only "
                              f"synthetic scenes carry one: data.kind synthetic)")
-        mask = mask & sample["thin"]
+        mask = mask & thin_band(sample["thin"], thin_max_px)
     return mask
 
 
@@ -392,9 +395,10 @@ def to_markdown(result: dict[str, Any], title: str = "") -> str:
 def _band_words(band: str, result: dict[str, Any]) -> str:
     if band == "uniform":
         return "Uniform points"
-    if band == "thin":
-        return "Thin band: points on thin structures and small objects (synthetic scenes)"
     b = result["band"]
+    if band == "thin":
+        return (f"Thin band: points on thin structures and small objects where at most {b.get('thin_max_px', '?')} px "
+                f"across (synthetic scenes)")
     return (f"Depth-edge band: points within {b['radius']} px of a depth discontinuity (neighbour ratio > "
             f"{b['threshold']:g})")
 
@@ -599,6 +603,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the edge band's radius in pixels of the evaluated images (default: one patch of the model)")
     ap.add_argument("--band-threshold", type=float, default=EDGE_THRESHOLD, metavar="RATIO",
                     help=f"a neighbour depth ratio above this is a discontinuity (default {EDGE_THRESHOLD})")
+    ap.add_argument("--thin-max-px", type=int, default=THIN_MAX_PX, metavar="PX",
+                    help=f"the thin band: the parts of thin structures and small objects at most this many pixels "
+                         f"across in the evaluated images (default {THIN_MAX_PX}; a pole near the camera is not thin)")
     ap.add_argument("--focal", choices=("data", "default"), default="data",
                     help="data: give the model each image's focal length where the data set has it; default: "
                          "give none (the model's focal_default). Models without canonical_focal ignore it")
@@ -629,7 +636,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                   ("--edge-frac", a.edge_frac, 0.0 <= a.edge_frac <= 1.0, "in [0, 1]"),
                                   ("--band-radius", a.band_radius, a.band_radius is None or 0 <= a.band_radius <= 4096,
                                    "a whole number of pixels in [0, 4096]"),
-                                  ("--band-threshold", a.band_threshold, 1.0 < a.band_threshold <= 100.0, "a ratio in (1, 100]")):
+                                  ("--band-threshold", a.band_threshold, 1.0 < a.band_threshold <= 100.0, "a ratio in (1, 100]"),
+                                  ("--thin-max-px", a.thin_max_px, 1 <= a.thin_max_px <= 4096,
+                                   "a whole number of pixels in [1, 4096]")):
         if not ok:
             ap.error(f"{flag} {value}: must be {need}")
     return a
@@ -653,7 +662,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     anchors = {"both": (True, False), "on": (True,), "off": (False,)}[a.anchors]
     s = EvalSettings(queries=tuple(a.queries), anchors=anchors, paths=tuple(a.paths), median_scaling=a.median_scaling,
                      edge_frac=a.edge_frac, points=a.points, band_radius=a.band_radius, band_threshold=a.band_threshold,
-                     max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
+                     thin_max_px=a.thin_max_px, max_images=a.max_images, batch_size=a.batch_size, seed=a.seed, figure_images=a.figure_images,
                      progress=not a.no_progress, focal=a.focal, dense_map=a.dense_map, shares=a.curve,
                      context=tuple(a.context))
     result = evaluate(model, ds, s)

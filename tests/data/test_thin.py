@@ -124,3 +124,42 @@ def test_points_thin_needs_data_with_the_mask():
         region(sample, "thin", 2, 1.1)
     sample["thin"] = torch.eye(4, dtype=torch.bool)
     assert torch.equal(region(sample, "thin", 2, 1.1), torch.eye(4, dtype=torch.bool))
+
+
+def test_the_thin_band_keeps_what_is_thin_in_the_image_and_drops_what_is_wide():
+    from depthpack.data.queries import thin_band
+
+    g = torch.Generator().manual_seed(7)
+    for _ in range(20):  # a rod of 1-4 px and a block of 5-20 px, off the side borders: the band is the rod, whole
+        H, W = 40, 60
+        m = torch.zeros(H, W, dtype=torch.bool)
+        rod_w, blk_w = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(5, 21, (1,), generator=g))
+        x0, x1 = int(torch.randint(1, 20 - rod_w, (1,), generator=g)), int(torch.randint(30, W - blk_w, (1,), generator=g))
+        y0 = int(torch.randint(0, 10, (1,), generator=g))
+        m[y0:y0 + 25, x0:x0 + rod_w] = True
+        m[y0:y0 + 25, x1:x1 + blk_w] = True
+        rod = torch.zeros_like(m)
+        rod[y0:y0 + 25, x0:x0 + rod_w] = True
+        assert torch.equal(thin_band(m), rod)
+        assert torch.equal(thin_band(m, blk_w), m)  # the block is at most blk_w across: in the band too
+    batch = torch.stack([m, m.flip(-1)])
+    assert torch.equal(thin_band(batch), torch.stack([thin_band(m), thin_band(m.flip(-1))]))  # [...,H,W]
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="thin band width must be a whole number of pixels in \\[1, 4096\\]"):
+            thin_band(m, bad)
+
+
+def test_the_evaluations_thin_band_leaves_out_a_pole_close_to_the_camera():
+    from depthpack.eval.evaluate import EvalSettings, region
+
+    thin = torch.zeros(32, 32, dtype=torch.bool)
+    thin[:, 2:4] = True    # a wire, 2 px
+    thin[:, 10:26] = True  # a pole next to the camera, 16 px
+    sample = dict(valid=torch.ones(32, 32, dtype=torch.bool), eval_mask=torch.ones(32, 32, dtype=torch.bool),
+                  depth=torch.ones(32, 32), thin=thin)
+    wire = torch.zeros_like(thin)
+    wire[:, 2:4] = True
+    assert torch.equal(region(sample, "thin", 2, 1.1), wire)
+    assert torch.equal(region(sample, "thin", 2, 1.1, 16), thin)
+    with pytest.raises(ValueError, match="thin band width"):
+        EvalSettings(points="all", thin_max_px=0)
