@@ -325,7 +325,9 @@ def _frontier_caption(data: dict) -> str:
     rows = data["rows"]
     one = lambda key: ", ".join(sorted({str(r[key]) for r in rows}))  # noqa: E731
     return (f"{data['plan']}: every run {one('steps')} steps on the same {one('scenes')} scenes, evaluated on the same "
-            f"held-out {rows[0]['eval_image']} images (depth-edge band: {data['band_radius']} px). {one('device')}, "
+            f"held-out {rows[0]['eval_image']} images (depth-edge band: {data['band_radius']} px"
+            + (f"; thin band: parts at most {data['thin_max_px']} px across" if data.get("thin_max_px") else "")
+            + f"). {one('device')}, "
             f"torch {one('torch')}, commit `{one('commit')}`. Source: `docs/results/frontier.json`.")
 
 
@@ -447,15 +449,27 @@ def block_frontier_detail() -> list[str]:
                                                                                     "frontier.json` (plan frontier_cpu_detail).")]
 
 
+BEDS = {"frontier_cpu_detail_demo_counts": "the demo's counts (1.5 thin, 1 small a scene)",
+        "frontier_cpu_detail": "5 thin, 5 small a scene (the bed)",
+        "frontier_cpu_detail_w64": "5 and 5, sized for 64 px (2-8 px at 128)"}
+
+
 def block_frontier_headroom() -> list[str]:
-    """What resolution buys a dense model on the resolution bed: each dense-trained size against the smallest."""
-    data = _frontier("frontier_cpu_detail")
-    dense = [r for r in _averaged(data["rows"]) if r["name"] in {_model_of(n) for n in _dense_trained(data["rows"])}]
-    small = min(dense, key=lambda r: r["encoder_gflop"])["name"]
-    base = {r["q"]: r for r in dense if r["name"] == small}
-    rows = [[r["name"], r["q"], *(c for k, _ in BANDS for c in (_absrel(r[k]), pct(r[k] / base[r["q"]][k] - 1)))]
-            for r in sorted(dense, key=lambda r: (r["q"], r["encoder_gflop"])) if r["name"] != small]
-    return table(["dense model", "Q's points"] + [c for _, b in BANDS for c in (f"AbsRel {b}", f"vs {small}")], rows)
+    """What resolution buys a dense model on each resolution bed tried: each dense-trained size against the smallest."""
+    plans = load("frontier.json")["plans"]
+    rows = []
+    for plan, bed in BEDS.items():
+        if plan not in plans:
+            continue
+        data = plans[plan]
+        dense = [r for r in _averaged(data["rows"]) if r["name"] in {_model_of(n) for n in _dense_trained(data["rows"])}]
+        small = min(dense, key=lambda r: r["encoder_gflop"])
+        base = {r["q"]: r for r in dense if r["name"] == small["name"]}
+        rows += [[bed, f"{r['image']} against {small['image']}", r["q"], f"{data.get('thin_max_px')} px",
+                  *(c for k, _ in BANDS for c in (_absrel(r[k]), pct(r[k] / base[r["q"]][k] - 1)))]
+                 for r in sorted(dense, key=lambda r: (r["encoder_gflop"], r["q"])) if r["name"] != small["name"]]
+    return table(["bed", "dense models", "Q's points", "thin band"] + [
+        c for _, b in BANDS for c in (f"AbsRel {b}", "vs the smaller")], rows)
 
 
 def block_train_throughput() -> list[str]:
