@@ -205,13 +205,14 @@ def compile_packages(jobs: list[dict], workers: int = 1, on_done=None) -> None:
             torch.export.save(job["ep"], str(ep_file))
             args.append({**{k: v for k, v in job.items() if k != "ep"}, "ep_file": str(ep_file)})
         log = Path(tmp) / "compile.log"  # the children's own output: a dying one prints a C++ stack there, not here
-        with cf.ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("spawn"),
-                                    initializer=_child_setup, initargs=(str(log), os.getpid())) as pool:
-            try:
-                _wait_for(pool, args, jobs, on_done)
-            except BaseException:
-                _end_workers(pool)
-                raise
+        pool = cf.ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("spawn"),
+                                      initializer=_child_setup, initargs=(str(log), os.getpid()))
+        try:
+            _wait_for(pool, args, jobs, on_done)
+            pool.shutdown(wait=True)  # a Ctrl-C in this wait too ends the children: one that hangs would hold the exit
+        except BaseException:
+            _end_workers(pool)
+            raise
 
 
 def _wait_for(pool, args: list[dict], jobs: list[dict], on_done) -> None:
