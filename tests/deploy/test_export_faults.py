@@ -198,6 +198,7 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     cmd = [sys.executable, "-m", "depthpack.export", "--preset", "tiny", "--out", str(out), "--buckets", "8"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    kids: list[int] = []
     try:
         for _ in range(1200):  # until the compile child runs, at most 10 minutes
             kids = _descendants(proc.pid)
@@ -218,6 +219,9 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
     finally:
         if proc.poll() is None:
             proc.kill()
+            for k in kids:  # a hung exporter's frozen children would outlive the test (stopped, under PID 1)
+                if k != proc.pid and _running(k):
+                    os.kill(k, signal.SIGKILL)
     return {"took": took, "code": proc.returncode, "err": err.replace("\r", "\n"), "kids": kids, "out": out,
             "before": before}
 
