@@ -71,12 +71,17 @@ def edge_band(depth: torch.Tensor, valid: torch.Tensor, radius: int, threshold: 
 THIN_MAX_PX = 4  # the thin band: parts of thin structures and small objects at most this many pixels across
 
 
+def check_thin_width(max_px: int) -> None:
+    """One ValueError naming a thin band width out of range."""
+    if isinstance(max_px, bool) or not isinstance(max_px, int) or not 1 <= max_px <= 4096:
+        raise ValueError(f"thin band width must be a whole number of pixels in [1, 4096], got {max_px!r}")
+
+
 def thin_band(thin: torch.Tensor, max_px: int = THIN_MAX_PX) -> torch.Tensor:
     """thin [...,H,W] bool (the pixels of thin structures and small objects) -> bool [...,H,W]: those pixels
     that no (max_px+1)-square inside the mask covers, the parts at most max_px pixels across. Outside the image
     counts as inside the mask, so a pole cut by the border is judged by its own width."""
-    if isinstance(max_px, bool) or not isinstance(max_px, int) or not 1 <= max_px <= 4096:
-        raise ValueError(f"thin band width must be a whole number of pixels in [1, 4096], got {max_px!r}")
+    check_thin_width(max_px)
     shape = thin.shape
     x = thin.reshape(-1, 1, *shape[-2:]).float()
     k = max_px + 1

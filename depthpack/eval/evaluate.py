@@ -46,7 +46,8 @@ from ..core.preprocess import parse_frame_size, to_model_size
 from ..core.validation import check_focal, check_inputs
 from ..core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ..data.datasets import make_dataset
-from ..data.queries import EDGE_THRESHOLD, THIN_MAX_PX, check_band, edge_band, sample_queries, thin_band
+from ..data.queries import (EDGE_THRESHOLD, THIN_MAX_PX, check_band, check_thin_width, edge_band, sample_queries,
+                            thin_band)
 from ..data.config import DataConfig
 from .metrics import MetricAccumulator, si_boundary_f1
 from .viz import depth_figure
@@ -87,7 +88,7 @@ class EvalSettings:
         if self.points not in POINT_SETS:
             raise ValueError(f"points must be one of {', '.join(POINT_SETS)}, got {self.points!r}")
         check_band(0 if self.band_radius is None else self.band_radius, self.band_threshold)
-        thin_band(torch.zeros(1, 1, dtype=torch.bool), self.thin_max_px)  # its width: one ValueError here
+        check_thin_width(self.thin_max_px)
 
 
 # ---- points -------------------------------------------------------------------------------------
