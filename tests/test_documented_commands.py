@@ -55,7 +55,7 @@ RULES = [
     (r"/opt/depthpack", ARGS, "a Jetson's export (docs/install.md)"),
     (r"scripts/(gpu_\w+|cpp_frame_loop)\.sh", ARGS, "a GPU run script"),
     (r"depthpack\.train\s.*configs/(demo|scale|vits_\w+)\.yaml|depthpack\.bench\s.*--preset\s+vits|scripts/demo\.py\s"
-     r"|depthpack\.frontier\s.*configs/frontier_(cpu|h200)\w*\.yaml",
+     r"|depthpack\.frontier\s.*configs/frontier_(cpu|gpu|h200)\w*\.yaml",
      ARGS, "trains or benchmarks a full-size model: minutes to hours on 2 CPU cores"),
     (r"\s/(tmp|data)/|=/(tmp|data)/", ARGS, "writes under /tmp or /data, outside the test's folder"),
     (r"--profile\s", ARGS, "needs a profile measured on a GPU (python scripts/gpu_profile.py)"),

@@ -17,6 +17,8 @@ def parse_args(argv: list[str] | None = None):
                     help="mean count per scene of thin structures (data.thin_structures)")
     ap.add_argument("--distant-objects", type=float, default=1.0, metavar="N",
                     help="mean count per scene of small distant objects (data.distant_objects)")
+    ap.add_argument("--fences", type=float, default=0.0, metavar="N",
+                    help="mean count per scene of fences facing the camera (data.fences)")
     ap.add_argument("--band-radius", type=int, default=14, metavar="PX",
                     help="the figure's depth-edge band radius (default 14: one vits patch)")
     ap.add_argument("--write", default=None, metavar="DIR", help="write --count synthetic samples here")
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     cfg = DataConfig(scene=args.scene, num_samples=args.count, thin_width_ref=args.thin_width_ref,
-                     thin_structures=args.thin_structures, distant_objects=args.distant_objects)  # bad counts: one line
+                     thin_structures=args.thin_structures, distant_objects=args.distant_objects,
+                     fences=args.fences)  # bad counts: one line
     if args.write:
         from tqdm import tqdm
 

@@ -62,10 +62,11 @@ class Families:
     distant: float = 1.0  # small objects far from the camera (a few pixels at width_ref)
     front: float = 0.5  # objects near the camera, in front of a far background
     width_ref: int = 560  # the image width at which the thin structures and the small distant objects are 1-4 px
+    fence: float = 0.0  # fences facing the camera: rows of bars 1-4 px wide at width_ref, 2-4 bar widths apart
 
     @property
     def none(self) -> bool:
-        return self.thin == self.distant == self.front == 0
+        return self.thin == self.distant == self.front == self.fence == 0
 
 
 NO_FAMILIES = Families(0.0, 0.0, 0.0)
@@ -98,6 +99,9 @@ class DataConfig:
     distant_objects: float = 1.0  # synthetic: mean count per scene of small objects far from the camera
     foreground_objects: float = 0.5  # synthetic: mean count per scene of objects near the camera, in front of
     #                                  a far background
+    fences: float = 0.0  # synthetic: mean count per scene of fences facing the camera, bars 1-4 px wide and 2-4
+    #                      bar widths apart at thin_width_ref (where they blur into one grey, only resolution
+    #                      tells a bar from the background between): the thin band's bars, the edge band's gaps
     thin_width_ref: int = 560  # synthetic: the image width (pixels) at which thin structures and small distant
     #                            objects are 1-4 px wide; a bed rendered smaller sets its own width to keep them
     seed: int = 0
@@ -140,7 +144,7 @@ class DataConfig:
         if self.fresh and (self.kind != "synthetic" or self.device_cache or self.cache):
             problems.append("fresh needs kind='synthetic' without cache or device_cache (every training batch is rendered "
                             "new; cache_dir, if set, keeps the val split only)")
-        for name in ("thin_structures", "distant_objects", "foreground_objects"):
+        for name in ("thin_structures", "distant_objects", "foreground_objects", "fences"):
             if not 0.0 <= getattr(self, name) <= 10.0:
                 problems.append(f"{name} must lie in [0, 10] (a mean count per scene), got {getattr(self, name)}")
         if self.thin_width_ref <= 0:
@@ -156,7 +160,8 @@ class DataConfig:
 
     def families(self) -> "Families":
         """The synthetic scene families' frequencies."""
-        return Families(self.thin_structures, self.distant_objects, self.foreground_objects, self.thin_width_ref)
+        return Families(self.thin_structures, self.distant_objects, self.foreground_objects, self.thin_width_ref,
+                        self.fences)
 
     def scale(self) -> float:
         """Stored depth value per meter: depth_scale, or the format's default."""

@@ -108,7 +108,8 @@ def store_key(cfg, split: str, size: tuple[int, int], n: int) -> str:
     H, W = size
     f = cfg.families()
     return (f"synthetic_{split}_{cfg.scene}_{cfg.rig}_seed{cfg.seed}_{H}x{W}_n{n}"
-            f"_thin{f.thin:g}_distant{f.distant:g}_front{f.front:g}_wref{f.width_ref}")
+            f"_thin{f.thin:g}_distant{f.distant:g}_front{f.front:g}_wref{f.width_ref}"
+            + (f"_fence{f.fence:g}" if f.fence else ""))  # stores made before fences keep their names
 
 
 class SceneStore:

@@ -322,6 +322,9 @@ def add_families(sc: Scene, cam: Camera, rng: np.random.Generator, fam: Families
         _distant(sc, cam, rng, W, mat, add, indoor, WIDTH_REF / fam.width_ref)
     for _ in range(min(3, int(rng.poisson(fam.front)))):
         _front(sc, cam, rng, W, mat, add, indoor)
+    if fam.fence:  # drawn last, and only when asked for: scenes without fences stay as they were
+        for _ in range(min(6, int(rng.poisson(fam.fence)))):
+            _fence(sc, cam, rng, W, f_ref, mat, add, indoor)
 
 
 def _inside_room(sc: Scene, x: float, z: float, margin: float) -> tuple[float, float]:
@@ -401,6 +404,36 @@ def _thin_outdoor(sc, cam, rng, W, f_ref, mat, add) -> None:
         x = side * (road + 0.3)
         add("thin", *(Cylinder(np.array([x, 0.0, z + 1.5 * k]), _thin_radius(rng, cam, f_ref, np.array([x, 0.4, z + 1.5 * k])),
                                rng.uniform(0.7, 1.0), m) for k in range(int(rng.integers(3, 8)))))
+
+
+def _fence(sc, cam, rng, W, f_ref, mat, add, indoor: bool) -> None:
+    """A fence across the view: 8-24 vertical bars 1-4 px wide at the reference width, 2-4 bar widths apart
+    (centre to centre), under a top rail as thin. At half the reference width bars and gaps blur into one
+    grey: only resolution tells a bar's depth from the background's between them."""
+    if indoor:
+        X, Y, Z = sc.room
+        x, z, _ = _in_view(rng, cam, W, 1.2, 0.8 * math.hypot(X, Z))
+        x, z = _inside_room(sc, x, z, 0.3)
+    else:
+        road, walk = sc.street
+        x, z, _ = _in_view(rng, cam, W, 4.0, 30.0)
+        x = float(np.clip(x, -(road + walk) + 0.5, road + walk - 0.5))
+    fwd = cam.R[:, 2]
+    yaw = math.atan2(fwd[0], fwd[2]) + float(rng.uniform(-0.4, 0.4))  # its length across the view, turned a little
+    cs, sn = math.cos(yaw), math.sin(yaw)
+    height = float(rng.uniform(0.8, 1.2))
+    r = _thin_radius(rng, cam, f_ref, np.array([x, 0.5 * height, z]))
+    step = 2.0 * r * float(rng.uniform(2.0, 4.0))
+    n = int(rng.integers(8, 25))
+    m = mat()
+    bars = []
+    for k in range(n):
+        t = (k - 0.5 * (n - 1)) * step
+        px, pz = x + cs * t, z - sn * t
+        if indoor:
+            px, pz = _inside_room(sc, px, pz, 0.1)
+        bars.append(Cylinder(np.array([px, 0.0, pz]), r, height, m))
+    add("thin", *bars, Box(np.array([x, height + r, z]), np.array([0.5 * n * step, r, r]), yaw, m))
 
 
 def _distant(sc, cam, rng, W, mat, add, indoor: bool, grow: float = 1.0) -> None:
