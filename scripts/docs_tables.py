@@ -472,6 +472,28 @@ def block_frontier_headroom() -> list[str]:
         c for _, b in BANDS for c in (f"AbsRel {b}", "vs the smaller")], rows)
 
 
+def block_bed_levers() -> list[str]:
+    """Each lever tried on the resolution bed on one GPU: dense 128x128 against dense 64x64 per Q and band, and
+    the two models' training loss at the end (docs/results/bed_levers.json)."""
+    data = load("bed_levers.json")
+    rows = []
+    for i in range(0, len(data["rows"]), 2):
+        small, big = data["rows"][i], data["rows"][i + 1]
+        loss = [small["train_silog_last_500_steps"], big["train_silog_last_500_steps"]]
+        for q in (16, 64, 256):
+            cells = []
+            for band in ("uniform", "edge", "thin"):
+                a, b = small.get(f"absrel_{band}_q{q}"), big.get(f"absrel_{band}_q{q}")
+                cells.append(f"{a:.4f} / {b:.4f} ({pct(b / a - 1)})" if a is not None and b is not None else
+                             " / ".join("not evaluated" if v is None else f"{v:.4f}" for v in (a, b)))
+            rows.append([small["lever"], small["steps"], q, *cells,
+                         f"{loss[0]:.4f} / {loss[1]:.4f} ({pct(loss[1] / loss[0] - 1)})" if q == 16 else ""])
+    return table(["lever", "steps", "Q", "AbsRel uniform, 64 / 128", "AbsRel edge band, 64 / 128",
+                  "AbsRel thin band, 64 / 128", "training SiLog, last 500 steps, 64 / 128"], rows) + [
+        "", f"{data['gpu']}, torch {data['torch']}, commit `{data['commit']}`: `python -m depthpack.frontier --plan "
+            f"configs/frontier_gpu_beds.yaml --jobs 10`. Source: `docs/results/bed_levers.json`."]
+
+
 def block_train_throughput() -> list[str]:
     data = load("train_throughput.json")
     rows = [[r["config"], r["batch"], "yes" if r["graph"] else "no", f"{r['images_s']:.0f}", f"{r['data_ms']:.1f}",

@@ -573,8 +573,9 @@ def figure(path: str, n: int = 4, size: tuple[int, int] = (420, 560), seed: int 
     for a in ax.ravel():
         a.set_xticks([])
         a.set_yticks([])
-    fig.suptitle(f"{size[0]}x{size[1]}: about {fam.thin:g} thin structures and {fam.distant:g} small objects a scene, "
-                 f"1-4 px at width {fam.width_ref}; the thin band: their parts at most {THIN_MAX_PX} px across",
+    fences = f", {fam.fence:g} fences" if fam.fence else ""
+    fig.suptitle(f"{size[0]}x{size[1]}: about {fam.thin:g} thin structures{fences} and {fam.distant:g} small objects a "
+                 f"scene, 1-4 px at width {fam.width_ref}; the thin band: their parts at most {THIN_MAX_PX} px across",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -163,3 +163,49 @@ def test_the_evaluations_thin_band_leaves_out_a_pole_close_to_the_camera():
     assert torch.equal(region(sample, "thin", 2, 1.1, 16), thin)
     with pytest.raises(ValueError, match="thin band width"):
         EvalSettings(points="all", thin_max_px=0)
+
+
+def _fence_scene(H: int, W: int, seed: int):
+    """The first street of seed, drawn for an image W wide, with a fence (data.fences) and no other family."""
+    fam = Families(0.0, 0.0, 0.0, W, fence=1.0)
+    for i in range(20):
+        sc, cam, _ = syn.draw(seed, i, (H, W), "outdoor", "train", "fixed", fam)
+        if sc.family:
+            return sc, cam
+    raise AssertionError("no fence in 20 scenes")
+
+
+def test_fences_are_drawn_after_the_other_families_and_leave_them_as_they_were():
+    base = Families(thin=3.0, distant=3.0, width_ref=128)
+    for i in range(4):
+        a = syn.draw(5, i, (96, 128), "mixed", "train", "fixed", base)[0]
+        b = syn.draw(5, i, (96, 128), "mixed", "train", "fixed", Families(3.0, 3.0, base.front, 128, fence=3.0))[0]
+        n = len(a.prims)
+        assert [repr(p) for p in b.prims[:n]] == [repr(p) for p in a.prims]
+        assert set(b.family.values()) - set(a.family.values()) <= {"thin"}  # a fence's bars and rail are thin
+    from depthpack.data.store import store_key
+    assert store_key(DataConfig(fences=2), "val", (128, 128), 4).endswith("_fence2")
+    assert "fence" not in store_key(DataConfig(), "val", (128, 128), 4)  # the stores made before fences keep their names
+    with pytest.raises(ValueError, match=r"fences must lie in \[0, 10\]"):
+        DataConfig(fences=-1)
+
+
+@pytest.mark.parametrize("H,W", [(96, 128), (420, 560)])
+def test_a_fences_bars_are_one_to_four_pixels_wide_two_to_four_widths_apart_and_resolved(H, W):
+    for seed in range(3):
+        sc, cam = _fence_scene(H, W, seed)
+        bars = [p for g, p in enumerate(sc.prims) if sc.family.get(g) == "thin" and isinstance(p, syn.Cylinder)]
+        bars = [p for p in bars if p.r == bars[0].r]  # the first fence's: one radius a fence
+        assert 8 <= len(bars) <= 24
+        mid = bars[len(bars) // 2]
+        z = float((mid.c + np.array([0.0, 0.5 * mid.height, 0.0]) - cam.origin) @ cam.R[:, 2])
+        assert 0.9 <= 2 * mid.r * cam.fx / z <= 4.2  # drawn for the fence's centre, a bar's width off it
+        step = np.linalg.norm(bars[1].c - bars[0].c)
+        assert 2.0 <= step / (2 * mid.r) <= 4.0
+        # rendered: along the row through the middle bar's half height, the bars are runs of thin pixels
+        # with background between them (one grey only below the reference width)
+        _, _, thin = rc.cast_and_shade(rc.pack([(sc, cam)]), H, W)
+        p = cam.K @ (cam.R.T @ (mid.c + np.array([0.0, 0.5 * mid.height, 0.0]) - cam.origin))
+        row = thin[0, int(p[1] / p[2])].numpy().astype(int)
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], row, [0]])) == 1)
+        assert len(runs) >= 4, (seed, row)
