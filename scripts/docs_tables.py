@@ -440,18 +440,32 @@ def block_frontier_detail_targets() -> list[str]:
     return _targets("frontier_cpu_detail")
 
 
-def block_frontier_detail() -> list[str]:
-    data = _frontier("frontier_cpu_detail")
+def _bands_table(plan: str) -> list[str]:
+    """Every row of a plan evaluated in the three bands."""
+    data = _frontier(plan)
     rows = [[r["name"] + (" **(default)**" if r["default"] else ""), r["path"], r["image"], r["q"], r["tokens"],
              f"{r['encoder_gflop']:.3f}", *(_absrel(r.get(k)) for k, _ in BANDS)] for r in data["rows"]]
     return table(["model", "path", "image", "Q", "tokens", "encoder GFLOP", "AbsRel uniform", "AbsRel edge band",
                   "AbsRel thin band"], rows) + ["", _frontier_caption(data).replace("frontier.json`.",
-                                                                                    "frontier.json` (plan frontier_cpu_detail).")]
+                                                                                    f"frontier.json` (plan {plan}).")]
+
+
+def block_frontier_detail() -> list[str]:
+    return _bands_table("frontier_cpu_detail")
+
+
+def block_frontier_fences() -> list[str]:
+    return _bands_table("frontier_cpu_detail_fences")
+
+
+def block_frontier_fences_targets() -> list[str]:
+    return _targets("frontier_cpu_detail_fences")
 
 
 BEDS = {"frontier_cpu_detail_demo_counts": "the demo's counts (1.5 thin, 1 small a scene)",
         "frontier_cpu_detail": "5 thin, 5 small a scene (the bed)",
-        "frontier_cpu_detail_w64": "5 and 5, sized for 64 px (2-8 px at 128)"}
+        "frontier_cpu_detail_w64": "5 and 5, sized for 64 px (2-8 px at 128)",
+        "frontier_cpu_detail_fences": "5 and 5, and 4 fences a scene"}
 
 
 def block_frontier_headroom() -> list[str]:
