@@ -411,7 +411,7 @@ def _fence(sc, cam, rng, W, f_ref, mat, add, indoor: bool) -> None:
     (centre to centre), under a top rail as thin. At half the reference width bars and gaps blur into one
     grey: only resolution tells a bar's depth from the background's between them."""
     if indoor:
-        X, Y, Z = sc.room
+        X, _, Z = sc.room
         x, z, _ = _in_view(rng, cam, W, 1.2, 0.8 * math.hypot(X, Z))
         x, z = _inside_room(sc, x, z, 0.3)
     else:
