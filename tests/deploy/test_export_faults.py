@@ -196,7 +196,9 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
     (out / "manifest.json").write_text('{"previous": "export"}\n')  # what check_out_dir takes for an export
     (out / "depthpack_k8.pt2").write_bytes(b"the previous package")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    cmd = [sys.executable, "-m", "depthpack.export", "--preset", "tiny", "--out", str(out), "--buckets", "8"]
+    # -X faulthandler: a hung exporter, sent SIGABRT, writes every thread's stack to its stderr (the failure says where)
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "depthpack.export", "--preset", "tiny", "--out", str(out),
+           "--buckets", "8"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     kids: list[int] = []
     try:
@@ -213,7 +215,12 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
                 os.kill(k, signal.SIGSTOP)
         t0 = time.monotonic()
         os.kill(proc.pid, sig)
-        proc.wait(timeout=600)  # a hang guard: the compile is frozen, so an exporter waiting for it never ends
+        try:
+            proc.wait(timeout=180)  # a hang guard: the compile is frozen, so an exporter waiting for it never ends
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGABRT)
+            proc.wait(timeout=30)
+            raise AssertionError(f"the exporter hung after {sig!r}; its threads: {proc.stderr.read()[-4000:]}") from None
         took = time.monotonic() - t0
         err = proc.stderr.read()  # to its end: when the resource tracker, which shares it, is gone too
     finally:
