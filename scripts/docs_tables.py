@@ -496,7 +496,7 @@ def block_bed_levers() -> list[str]:
         loss = [small["train_silog_last_500_steps"], big["train_silog_last_500_steps"]]
         for q in (16, 64, 256):
             cells = []
-            for band in ("uniform", "edge", "thin"):
+            for _, band in BANDS:
                 a, b = small.get(f"absrel_{band}_q{q}"), big.get(f"absrel_{band}_q{q}")
                 cells.append(f"{a:.4f} / {b:.4f} ({pct(b / a - 1)})" if a is not None and b is not None else
                              " / ".join("not evaluated" if v is None else f"{v:.4f}" for v in (a, b)))
