@@ -487,25 +487,43 @@ def block_frontier_headroom() -> list[str]:
 
 
 def block_bed_levers() -> list[str]:
-    """Each lever tried on the resolution bed on one GPU: dense 128x128 against dense 64x64 per Q and band, and
-    the two models' training loss at the end (docs/results/bed_levers.json)."""
+    """Each lever tried on the resolution bed on one GPU, sweep by sweep: dense 128x128 against dense 64x64 per Q
+    and band, seeds averaged (each seed's lead beside it), and the two models' training loss at the end
+    (docs/results/bed_levers.json)."""
     data = load("bed_levers.json")
-    rows = []
-    for i in range(0, len(data["rows"]), 2):
-        small, big = data["rows"][i], data["rows"][i + 1]
-        loss = [small["train_silog_last_500_steps"], big["train_silog_last_500_steps"]]
-        for q in (16, 64, 256):
-            cells = []
-            for _, band in BANDS:
-                a, b = small.get(f"absrel_{band}_q{q}"), big.get(f"absrel_{band}_q{q}")
-                cells.append(f"{a:.4f} / {b:.4f} ({pct(b / a - 1)})" if a is not None and b is not None else
-                             " / ".join("not evaluated" if v is None else f"{v:.4f}" for v in (a, b)))
-            rows.append([small["lever"], small["steps"], q, *cells,
-                         f"{loss[0]:.4f} / {loss[1]:.4f} ({pct(loss[1] / loss[0] - 1)})" if q == 16 else ""])
-    return table(["lever", "steps", "Q", "AbsRel uniform, 64 / 128", "AbsRel edge band, 64 / 128",
-                  "AbsRel thin band, 64 / 128", "training SiLog, last 500 steps, 64 / 128"], rows) + [
-        "", f"{data['gpu']}, torch {data['torch']}, commit `{data['commit']}`: `python -m depthpack.frontier --plan "
-            f"configs/frontier_gpu_beds.yaml --jobs 10`. Source: `docs/results/bed_levers.json`."]
+    out = []
+    for sweep in data["sweeps"]:
+        rows, levers = [], {}
+        for r in sweep["rows"]:
+            levers.setdefault(r["lever"], {}).setdefault(r["model"], []).append(r)
+        for lever, models in levers.items():
+            small, big = (models[m] for m in sorted(models, key=lambda m: int(m.split()[1].split("x")[0])))
+            seeds = sorted({r["seed"] for r in small} & {r["seed"] for r in big})
+
+            def mean(rs, key):
+                vals = [r.get(key) for r in rs if r["seed"] in seeds]
+                return None if not vals or None in vals else sum(vals) / len(vals)
+
+            def by_seed(key):  # the lead of each seed, where there are several
+                pairs = [(next(r for r in small if r["seed"] == s).get(key), next(r for r in big if r["seed"] == s).get(key))
+                         for s in seeds]
+                return "" if len(seeds) < 2 or any(None in p for p in pairs) else \
+                    " [" + ", ".join(pct(b / a - 1) for a, b in pairs) + "]"
+            loss = [mean(small, "train_silog_last_500_steps"), mean(big, "train_silog_last_500_steps")]
+            for q in (16, 64, 256):
+                cells = []
+                for _, band in BANDS:
+                    key = f"absrel_{band}_q{q}"
+                    a, b = mean(small, key), mean(big, key)
+                    cells.append(f"{a:.4f} / {b:.4f} ({pct(b / a - 1)}){by_seed(key)}" if a is not None and b is not None
+                                 else " / ".join("not evaluated" if v is None else f"{v:.4f}" for v in (a, b)))
+                rows.append([lever, small[0]["steps"], len(seeds), q, *cells,
+                             f"{loss[0]:.4f} / {loss[1]:.4f} ({pct(loss[1] / loss[0] - 1)})" if q == 16 else ""])
+        out += table(["lever", "steps", "seeds", "Q", "AbsRel uniform, 64 / 128", "AbsRel edge band, 64 / 128",
+                      "AbsRel thin band, 64 / 128", "training SiLog, last 500 steps, 64 / 128"], rows) + [
+            "", f"{sweep['gpu']}, torch {sweep['torch']}, commit `{sweep['commit']}`: `{sweep['command']}`; seeds "
+                f"averaged, each seed's lead in brackets. Source: `docs/results/bed_levers.json`.", ""]
+    return out[:-1]
 
 
 def block_train_throughput() -> list[str]:
