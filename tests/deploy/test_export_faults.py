@@ -4,6 +4,7 @@ in place; a read-only one is refused before anything compiles. Real file systems
 (the tests skip where this machine may not mount one)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -222,6 +223,11 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
             proc.wait(timeout=30)
             raise AssertionError(f"the exporter hung after {sig!r}; its threads: {proc.stderr.read()[-4000:]}") from None
         took = time.monotonic() - t0
+        # what outlived the exporter by 10 s, said and killed: one frozen above would hold its stderr open for good
+        left = {k: _cmdline(k)[:120] for k in _gone([k for k in kids if k != proc.pid])}
+        for k in left:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.kill(k, signal.SIGKILL)
         err = proc.stderr.read()  # to its end: when the resource tracker, which shares it, is gone too
     finally:
         if proc.poll() is None:
@@ -229,8 +235,8 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
             for k in kids:  # a hung exporter's frozen children would outlive the test (stopped, under PID 1)
                 if k != proc.pid and _running(k):
                     os.kill(k, signal.SIGKILL)
-    return {"took": took, "code": proc.returncode, "err": err.replace("\r", "\n"), "kids": kids, "out": out,
-            "before": before}
+    return {"took": took, "code": proc.returncode, "err": err.replace("\r", "\n"), "kids": kids, "left": left,
+            "out": out, "before": before}
 
 
 def _gone(pids: set[int], seconds: float = 10.0) -> list[int]:
@@ -251,8 +257,7 @@ def test_ctrl_c_ends_the_compile_at_once_and_leaves_the_previous_export(tmp_path
     r = _signal_while_compiling(tmp_path, signal.SIGINT)
     assert r["code"] == 130, (r["code"], r["took"], r["err"][-2000:])
     assert r["err"].strip().splitlines()[-1] == "export: interrupted" and "Traceback" not in r["err"], r["err"][-2000:]
-    alive = _gone(r["kids"])
-    assert not alive, f"left running: {[_cmdline(k)[:120] for k in alive]}"
+    assert not r["left"], f"left running: {list(r['left'].values())}"
     assert {p.name: p.read_bytes() for p in r["out"].iterdir()} == r["before"]
     assert [p.name for p in tmp_path.iterdir()] == ["exp"]
 
@@ -266,5 +271,5 @@ def test_sigterm_unwinds_without_a_resource_tracker_warning(tmp_path):
     lines = r["err"].strip().splitlines()
     assert r["code"] == 143 and lines[-1] == "export: terminated", r["err"][-2000:]
     assert "resource_tracker" not in r["err"] and "leaked" not in r["err"] and "Traceback" not in r["err"], r["err"][-2000:]
-    assert not _gone(r["kids"])
+    assert not r["left"], f"left running: {list(r['left'].values())}"
     assert {p.name: p.read_bytes() for p in r["out"].iterdir()} == r["before"]
