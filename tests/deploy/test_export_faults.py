@@ -273,3 +273,17 @@ def test_sigterm_unwinds_without_a_resource_tracker_warning(tmp_path):
     assert "resource_tracker" not in r["err"] and "leaked" not in r["err"] and "Traceback" not in r["err"], r["err"][-2000:]
     assert not r["left"], f"left running: {list(r['left'].values())}"
     assert {p.name: p.read_bytes() for p in r["out"].iterdir()} == r["before"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc")
+def test_own_children_lists_a_child_multiprocessing_does_not_know():
+    """_end_workers kills what /proc lists as the exporter's children: a child started by any means is there."""
+    from depthpack.deploy.package import _own_children
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert p.pid in _own_children()
+    finally:
+        p.kill()
+        p.wait()
+    assert p.pid not in _own_children()
