@@ -243,30 +243,7 @@ def _end_workers(pool) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:  # not (yet) a group of its own: the child alone
             proc.kill()
-    for pid in set(_own_children()) - set(procs) - {_tracker_pid()}:  # a spawned child registered nowhere
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
     pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _own_children() -> list[int]:
-    """The pids of this process's children, from /proc (Linux; elsewhere none): whatever started them."""
-    pids = []
-    for f in Path("/proc/self/task").glob("*/children"):
-        try:
-            pids += [int(p) for p in f.read_text().split()]
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
-def _tracker_pid() -> int | None:
-    """multiprocessing's resource tracker, a child too: left to unlink what the killed children held."""
-    from multiprocessing import resource_tracker
-
-    return getattr(resource_tracker._resource_tracker, "_pid", None)
 
 
 def _why(e: BaseException, path: Path) -> str:
