@@ -232,13 +232,9 @@ def _wait_for(pool, args: list[dict], jobs: list[dict], on_done) -> None:
 def _end_workers(pool) -> None:
     """Kill the pool's children, each with its process group (the compilers it runs: _child_setup), then shut
     the pool down without waiting for their work. The pool has no kill of its own: its _processes."""
-    import multiprocessing as mp
     import signal
 
-    # the pool's, and any child it was still starting (spawned, not yet in _processes nor its own group leader):
-    # left alive, it holds the exporter's stderr open after the exporter has gone
-    procs = {p.pid: p for p in [*(getattr(pool, "_processes", None) or {}).values(), *mp.active_children()]}
-    for proc in procs.values():
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:  # not (yet) a group of its own: the child alone

@@ -234,9 +234,7 @@ def _signal_while_compiling(tmp_path: Path, sig) -> dict:
     finally:
         if proc.poll() is None:
             proc.kill()
-            for k in kids:  # a hung exporter's frozen children would outlive the test (stopped, under PID 1)
-                if k != proc.pid and _running(k):
-                    os.kill(k, signal.SIGKILL)
+            _kill(k for k in kids if k != proc.pid)  # a hung exporter's frozen children would outlive the test
     return {"took": took, "code": proc.returncode, "err": err.replace("\r", "\n"), "kids": kids, "left": left,
             "out": out, "before": before}
 
@@ -281,4 +279,3 @@ def test_sigterm_unwinds_without_a_resource_tracker_warning(tmp_path):
     assert "resource_tracker" not in r["err"] and "leaked" not in r["err"] and "Traceback" not in r["err"], r["err"][-2000:]
     assert not r["left"], f"left running: {list(r['left'].values())}"
     assert {p.name: p.read_bytes() for p in r["out"].iterdir()} == r["before"]
-
