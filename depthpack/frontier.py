@@ -239,12 +239,15 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 class Children:
     """The subprocesses of this frontier, each in its own process group (what it starts goes with it), and
-    each killed with the frontier (_die_with_parent). stop() kills every live group and starts none after."""
+    each killed with the frontier (_die_with_parent). stop() kills every live group and starts none after. Each
+    child gets its share of the cores (OMP_NUM_THREADS): an evaluator at torch's default takes them all beside
+    --jobs trainers (a trainer's own threads= still sets its count)."""
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: int = 1) -> None:
         self.lock = threading.Lock()  # also serializes the forks: one child between fork and exec at a time
         self.live: set[subprocess.Popen] = set()
         self.stopping = False
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
 
     def call(self, cmd: list[str], log) -> int:
         """cmd's exit code, its output into the open file log."""
@@ -252,7 +255,7 @@ class Children:
             if self.stopping:
                 raise RunFailed("stopped before it started")
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=_die_with_parent())
+                                 preexec_fn=_die_with_parent(), env=self.env)
             self.live.add(p)
         try:
             return p.wait()
@@ -555,7 +558,7 @@ def run_plan(plan: dict, todo: list[dict], runs_dir: Path, a: argparse.Namespace
     """Every run of todo, --jobs at a time: the rows of those evaluated now (by name) and the names of those
     that failed (each said in one line as it fails). SIGTERM, Ctrl-C or an error stops every trainer and
     evaluator, and starts none after."""
-    children, failed = Children(), set()
+    children, failed = Children(a.jobs), set()
 
     def attempt(run: dict) -> list[dict] | None:
         try:

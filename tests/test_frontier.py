@@ -393,3 +393,14 @@ def test_rows_of_another_thin_band_are_not_mixed_with_new_ones(tmp_path):
         old_rows({"p": {**entry, "thin_max_px": 4}}, "p", plan8, tmp_path / "f.json")
     both = load_plan(write_plan(tmp_path, [A]))  # no thin band: no width to match
     assert old_rows({"p": entry}, "p", both, tmp_path / "f.json") == [{"name": "a"}]
+
+
+def test_each_child_gets_its_share_of_the_cores(tmp_path, monkeypatch):
+    from depthpack.frontier import Children
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    for jobs, want in [(1, "16"), (12, "1"), (4, "4"), (32, "1")]:
+        out = tmp_path / f"{jobs}.txt"
+        with open(out, "w") as f:
+            assert Children(jobs).call([sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"], f) == 0
+        assert out.read_text().strip() == want
