@@ -517,7 +517,8 @@ def block_bed_levers() -> list[str]:
                     a, b = mean(small, key), mean(big, key)
                     cells.append(f"{a:.4f} / {b:.4f} ({pct(b / a - 1)}){by_seed(key)}" if a is not None and b is not None
                                  else " / ".join("not evaluated" if v is None else f"{v:.4f}" for v in (a, b)))
-                rows.append([lever, small[0]["steps"], len(seeds), q, *cells,
+                steps = sorted({r["steps"] for r in small}) + sorted({r["steps"] for r in big})  # a cut run: 64 / 128
+                rows.append([lever, steps[0] if len(set(steps)) == 1 else " / ".join(map(str, steps)), len(seeds), q, *cells,
                              f"{loss[0]:.4f} / {loss[1]:.4f} ({pct(loss[1] / loss[0] - 1)})" if q == 16 else ""])
         out += table(["lever", "steps", "seeds", "Q", "AbsRel uniform, 64 / 128", "AbsRel edge band, 64 / 128",
                       "AbsRel thin band, 64 / 128", "training SiLog, last 500 steps, 64 / 128"], rows) + [
