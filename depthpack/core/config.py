@@ -75,14 +75,15 @@ class ModelConfig:
             ("anchor_grid", 0)) if getattr(self, name) < lo]
         H, W = self.img_size
         p = self.patch_size
-        if p >= 1 and (H < p or W < p or H % p or W % p):
+        size_ok = p >= 1 and H >= p and W >= p and not H % p and not W % p
+        if p >= 1 and not size_ok:
             problems.append(f"img_size {self.img_size} must be two positive multiples of patch_size {p}")
         if self.context not in CONTEXTS:
             problems.append(f"context {self.context!r} must be one of {', '.join(CONTEXTS)}")
         elif self.context != "thumbnail":
-            if self.glance_grid is None and p >= 1 and H >= 1 and W >= 1:  # derived once the size is valid
+            if self.glance_grid is None and size_ok:  # derived once the size is valid
                 self.glance_grid = (default_glance(H, p), default_glance(W, p))
-            gh, gw = self.glance_grid or (0, 0)
+            gh, gw = self.glance_grid or (1, 1)  # none: the size's own problem is the one said
             if gh < 1 or gw < 1 or H % gh or W % gw:
                 problems.append(f"glance_grid {self.glance_grid} must be two positive divisors of img_size {self.img_size} "
                                 f"(each region one box of whole pixels)")
@@ -168,7 +169,8 @@ def default_glance(pixels: int, patch: int) -> int:
     """The divisor of `pixels` nearest pixels / (2.5 patch): glance regions about 2.5 patches a side (the
     larger of two equally near)."""
     target = pixels / (2.5 * patch)
-    return min((d for d in range(1, pixels + 1) if pixels % d == 0), key=lambda d: (abs(d - target), -d))
+    small = [d for d in range(1, math.isqrt(pixels) + 1) if pixels % d == 0]  # the divisors in O(sqrt(pixels))
+    return min(small + [pixels // d for d in small], key=lambda d: (abs(d - target), -d))
 
 
 # Named presets: only what differs from the defaults (which are the vits / DINOv2-small shape).

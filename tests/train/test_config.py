@@ -71,6 +71,8 @@ def _names(item: str) -> set[str]:
 @example(["model=3"])
 @example(["steps=3", "steps.x=3"])
 @example(["model.img_size=[64]"])
+@example(["model.img_size=87178291199"])  # the glance grid was derived from it by a loop over every pixel count
+@example(["model.img_size=697426329592"])
 @example(["queries.max=1e30"])
 @example(["q_max=1e30"])
 @example(["queries=[8, 16]", "queries.edge_frac=0.3"])
