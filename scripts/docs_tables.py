@@ -2,7 +2,7 @@
 
     python scripts/docs_tables.py             # rewrite every generated block of README.md and docs/**/*.md
     python scripts/docs_tables.py --check     # exit 1, naming each page whose blocks differ from the results
-    python scripts/docs_tables.py --figures   # also redraw docs/figures/latency_h200.png and accuracy.png
+    python scripts/docs_tables.py --figures   # also redraw docs/figures/latency_h200.png, accuracy.png, bed_schedule.png
 
 A page holds a generated block between two markers; everything else in the page is written by hand:
 
@@ -707,7 +707,42 @@ def figures() -> list[Path]:
     out.append(FIGURES / "accuracy.png")
     fig.savefig(out[1])
     plt.close(fig)
+    out.append(_schedule_figure(plt))
     return out
+
+
+def _schedule_figure(plt) -> Path:
+    """The long runs of the resolution bed's lever sweeps: each model's training SiLog against the step, and the
+    larger model's lead over the smaller (docs/results/bed_levers.json, a sweep's curves)."""
+    sweep = next(s for s in reversed(load("bed_levers.json")["sweeps"]) if s.get("curves"))
+    fig, (ax, lead) = plt.subplots(1, 2, figsize=(10.4, 4.0), dpi=90)
+    levers = list(dict.fromkeys(c["lever"] for c in sweep["curves"]))
+    for i, lever in enumerate(levers):
+        pair = sorted((c for c in sweep["curves"] if c["lever"] == lever),
+                      key=lambda c: int(c["model"].split()[1].split("x")[0]))
+        for c, style in zip(pair, ("--", "-")):
+            ax.plot(*zip(*c["train_silog"]), style, color=f"C{i}", lw=1.2, label=f"{c['model'].split(',')[0]}, {lever}")
+        small, big = (dict(map(tuple, c["train_silog"])) for c in pair)
+        steps = sorted(set(small) & set(big))
+        lead.plot(steps, [100 * (big[k] / small[k] - 1) for k in steps], "-", color=f"C{i}", lw=1.2, label=lever)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training SiLog (log)")
+    ax.legend(fontsize=6)
+    lead.axhline(0, color="k", lw=0.5)
+    lead.set_xlabel("step")
+    lead.set_ylabel("dense 128x128 against dense 64x64, %")
+    lead.legend(fontsize=6)
+    for a in (ax, lead):
+        a.grid(alpha=0.3, which="both", lw=0.4)
+    w = sweep["curves"][0]["window_steps"]
+    fig.suptitle(f"the resolution bed on {sweep['gpu']}: training loss over the schedule (means of {w} steps; "
+                 "docs/results/bed_levers.json)", fontsize=9)
+    fig.tight_layout()
+    path = FIGURES / "bed_schedule.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None) -> int:
