@@ -8,11 +8,18 @@ from pathlib import Path
 import torch
 
 
-def commit() -> str | None:
-    """The short hash of the checkout this package runs from (None outside a git checkout)."""
+def commit(where: Path | None = None) -> str | None:
+    """The short hash of the checkout this package (or where) runs from, "+dirty" when a tracked file differs from it
+    (a copied tree can carry an older .git), None outside a git checkout."""
+    here = where or Path(__file__).resolve().parent
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=here).stdout.strip()
+        if not head:
+            return None
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                 text=True, timeout=30, cwd=here)
+        return head + ("+dirty" if changed.returncode == 0 and changed.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
