@@ -486,6 +486,11 @@ def block_frontier_headroom() -> list[str]:
         c for _, b in BANDS for c in (f"AbsRel {b}", "vs the smaller")], rows)
 
 
+def _model_side(model: str) -> int:
+    """The image side of a bed model's name: "dense 128x128, one-way glance" -> 128."""
+    return int(model.split()[1].split("x")[0])
+
+
 def block_bed_levers() -> list[str]:
     """Each lever tried on the resolution bed on one GPU, sweep by sweep: dense 128x128 against dense 64x64 per Q
     and band, seeds averaged (each seed's lead beside it), and the two models' training loss at the end
@@ -497,7 +502,7 @@ def block_bed_levers() -> list[str]:
         for r in sweep["rows"]:
             levers.setdefault(r["lever"], {}).setdefault(r["model"], []).append(r)
         for lever, models in levers.items():
-            small, big = (models[m] for m in sorted(models, key=lambda m: int(m.split()[1].split("x")[0])))
+            small, big = (models[m] for m in sorted(models, key=_model_side))
             seeds = sorted({r["seed"] for r in small} & {r["seed"] for r in big})
 
             def mean(rs, key):
@@ -718,8 +723,7 @@ def _schedule_figure(plt) -> Path:
     fig, (ax, lead) = plt.subplots(1, 2, figsize=(10.4, 4.0), dpi=90)
     levers = list(dict.fromkeys(c["lever"] for c in sweep["curves"]))
     for i, lever in enumerate(levers):
-        pair = sorted((c for c in sweep["curves"] if c["lever"] == lever),
-                      key=lambda c: int(c["model"].split()[1].split("x")[0]))
+        pair = sorted((c for c in sweep["curves"] if c["lever"] == lever), key=lambda c: _model_side(c["model"]))
         for c, style in zip(pair, ("--", "-")):
             ax.plot(*zip(*c["train_silog"]), style, color=f"C{i}", lw=1.2, label=f"{c['model'].split(',')[0]}, {lever}")
         small, big = (dict(map(tuple, c["train_silog"])) for c in pair)

@@ -21,7 +21,7 @@ LOG=$OUT/frontier_run.log
 T0=$(date +%s)
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { echo "== +$(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
-step "machine: $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader); $(git log --oneline -1 | cut -c1-60)$(git status --porcelain --untracked-files=no | grep -q . && echo " (+dirty: the tree differs)")"
+step "machine: $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader); commit $($PY -c 'from depthpack.core.provenance import commit; print(commit())' 2>/dev/null)"
 
 if has render; then
   step "renderer: 420x560, batch 64, cuda"
