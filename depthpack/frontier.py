@@ -296,6 +296,34 @@ def train_run(children: Children, plan: dict, run: dict, folder: Path, log: Path
                     *(["resume=true"] if (folder / "latest.json").is_file() else [])], log, f"training {run['name']!r}")
 
 
+def render_stores(children: Children, plan: dict, todo: list[dict], runs_dir: Path) -> None:
+    """Each scene store (data.cache_dir) the runs to train and their evaluations open, rendered once here by
+    python -m depthpack.data.prerender on every core, before any trainer starts: the runs of a plan share their
+    stores, and trainers started together would each render the same file at once."""
+    from .data.store import store_key
+    from .train.config import load_train_config
+
+    seen, h, w = set(), *plan["image"]
+    for run in todo:
+        folder = run_dir(runs_dir, run)
+        given = run_overrides(plan, run, folder)
+        cfg = load_train_config(plan["base"], given)
+        if not cfg.data.cache_dir or cfg.data.kind != "synthetic" or finished(folder) is not None:
+            continue
+        size = tuple(cfg.model_config().img_size)
+        wanted = [(given, "train", tuple(cfg.data_size or size), cfg.data.num_samples),  # the trainer's stores
+                  (given, "val", size, cfg.data.num_val),
+                  ([*given, f"model.img_size=[{h},{w}]"], "val", (h, w), cfg.data.num_val)]  # the frontier's evaluation
+        for overrides, split, at, n in wanted:
+            key = store_key(cfg.data, split, at, n)
+            if key in seen:
+                continue
+            seen.add(key)
+            budget = ["--budget", str(cfg.data.render_budget_s)] if split == "train" and cfg.data.render_budget_s else []
+            call(children, [sys.executable, "-m", "depthpack.data.prerender", "--config", plan["base"], *overrides,
+                            "--splits", split, *budget], runs_dir / "stores.log", f"rendering the store {key}")
+
+
 def _cached_eval(out: Path, key: str) -> dict | None:
     """out/eval.json when it was made for this plan's key and reads as an evaluation; garbage: one warning
     naming the file, and None (evaluated again)."""
@@ -572,6 +600,11 @@ def run_plan(plan: dict, todo: list[dict], runs_dir: Path, a: argparse.Namespace
     before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     pool = ThreadPoolExecutor(a.jobs)
     try:
+        if not a.no_train:
+            try:
+                render_stores(children, plan, todo, runs_dir)
+            except RunFailed as e:  # every run needs its stores: one error, no trainer started
+                raise ValueError(str(e)) from None
         results = [f.result() for f in [pool.submit(attempt, r) for r in todo]]
     finally:
         children.stop()

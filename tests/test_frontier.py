@@ -404,3 +404,26 @@ def test_each_child_gets_its_share_of_the_cores(tmp_path, monkeypatch):
         with open(out, "w") as f:
             assert Children(jobs).call([sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"], f) == 0
         assert out.read_text().strip() == want
+
+
+def test_shared_scene_stores_are_rendered_once_before_any_trainer(tmp_path):
+    """Runs that share data.cache_dir share their stores: each one the trainers and the evaluation open is rendered
+    once, at the size it is opened at (the train split at data_size), and a finished run's stores are not asked for."""
+    import numpy as np
+
+    from depthpack.frontier import Children, render_stores
+
+    scenes = tmp_path / "scenes"
+    plan = load_plan(write_plan(tmp_path, [{"name": "a", "path": "packed"}, {"name": "b", "path": "packed", "overrides": ["seed=1"]},
+                                           {"name": "c", "path": "packed", "overrides": ["data.seed=3"]}],
+                                common=["steps=2", "data.num_samples=8", "data.num_val=2", f"data.cache_dir={scenes}",
+                                        "data_size=[128,128]"]))
+    runs = tmp_path / "runs"
+    (runs / "c").mkdir(parents=True)
+    (runs / "c" / "summary.json").write_text(json.dumps({"step": 2, "steps": 2}))
+    render_stores(Children(1), plan, plan["runs"], runs)
+    commands = [ln for ln in (runs / "stores.log").read_text().splitlines() if ln.startswith(sys.executable)]
+    assert len(commands) == 2 and all("data.seed=3" not in c for c in commands)  # a/b: train 128 and val 64; c: done
+    shapes = {p.name.split("_")[1]: np.load(p, mmap_mode="r").shape for p in scenes.glob("*.npy")}
+    assert sorted(shapes) == ["train", "val"] and len(list(scenes.glob("*.npy"))) == 2
+    assert [shapes["train"][0], shapes["val"][0]] == [8, 2] and shapes["train"][1] > 3 * shapes["val"][1]  # 128 px, 64 px
