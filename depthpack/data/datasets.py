@@ -81,7 +81,10 @@ class SyntheticDataset(SkippingDataset):
 
     def prefill(self, processes: int, progress: bool = False, chunk: int = 32) -> None:
         """Render every scene into the cache now, `chunk` scenes at a time in `processes` forked processes
-        (the same bytes as rendering each on first use; numpy arrays travel back, the tensors are made here)."""
+        (the same bytes as rendering each on first use; numpy arrays travel back, the tensors are made here).
+        Nothing with a scene store open: the store holds every scene already (and data.device_cache reads only it)."""
+        if self.store is not None:
+            return
         import multiprocessing as mp
 
         from tqdm import tqdm

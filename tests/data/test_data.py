@@ -366,6 +366,19 @@ def test_fixed_rig_is_one_camera_over_the_same_scenes():
         DataConfig(rig="robot")
 
 
+def test_prefill_renders_nothing_over_a_scene_store(tmp_path, monkeypatch):
+    """data.cache with data.cache_dir: the store holds every scene, so prefill renders none (every trainer of a
+    frontier on the GPU rendered the whole train split again, 85 s, and then read only the store)."""
+    import depthpack.data.datasets as ds
+
+    cfg = DataConfig(kind="synthetic", scene="mixed", rig="fixed", num_samples=4, num_val=2, cache=True,
+                     cache_dir=str(tmp_path))
+    stored = make_dataset(cfg, "train", (32, 32), 0.5, 80.0)  # renders the store
+    monkeypatch.setattr(ds, "_render_span", lambda job: pytest.fail("prefill rendered over a store"))
+    stored.prefill(processes=2)
+    assert stored._cache == {} and stored.store is not None and len(stored) == 4
+
+
 def test_prefill_renders_the_same_scenes_in_processes():
     cfg = DataConfig(kind="synthetic", scene="mixed", rig="fixed", num_samples=6, seed=2, cache=True)
     pre = make_dataset(cfg, "train", (32, 32), 0.5, 80.0)
