@@ -462,10 +462,19 @@ def block_frontier_fences_targets() -> list[str]:
     return _targets("frontier_cpu_detail_fences")
 
 
+def block_frontier_gpu_detail() -> list[str]:
+    return _bands_table("frontier_gpu_detail")
+
+
+def block_frontier_gpu_detail_targets() -> list[str]:
+    return _targets("frontier_gpu_detail")
+
+
 BEDS = {"frontier_cpu_detail_demo_counts": "the demo's counts (1.5 thin, 1 small a scene)",
         "frontier_cpu_detail": "5 thin, 5 small a scene (the bed)",
         "frontier_cpu_detail_w64": "5 and 5, sized for 64 px (2-8 px at 128)",
-        "frontier_cpu_detail_fences": "5 and 5, and 4 fences a scene"}
+        "frontier_cpu_detail_fences": "5 and 5, and 4 fences a scene",
+        "frontier_gpu_detail": "the bed at 8000 steps, on a GPU (frontier_gpu_detail)"}
 
 
 def block_frontier_headroom() -> list[str]:
