@@ -427,3 +427,7 @@ def test_shared_scene_stores_are_rendered_once_before_any_trainer(tmp_path):
     shapes = {p.name.split("_")[1]: np.load(p, mmap_mode="r").shape for p in scenes.glob("*.npy")}
     assert sorted(shapes) == ["train", "val"] and len(list(scenes.glob("*.npy"))) == 2
     assert [shapes["train"][0], shapes["val"][0]] == [8, 2] and shapes["train"][1] > 3 * shapes["val"][1]  # 128 px, 64 px
+    fresh = load_plan(write_plan(tmp_path, [{"name": "f", "path": "packed"}], common=[
+        "steps=2", "data.num_samples=8", "data.num_val=3", f"data.cache_dir={scenes}", "data.fresh=true"]))
+    render_stores(Children(1), fresh, fresh["runs"], runs)  # scenes rendered every step: only the val store
+    assert len(list(scenes.glob("*train*n8*.npy"))) == 1 and len(list(scenes.glob("*val*n3*.npy"))) == 1
