@@ -311,7 +311,7 @@ def render_stores(children: Children, plan: dict, todo: list[dict], runs_dir: Pa
         if not cfg.data.cache_dir or cfg.data.kind != "synthetic" or finished(folder) is not None:
             continue
         size = tuple(cfg.model_config().img_size)
-        wanted = [*([] if cfg.data.fresh else [(given, "train", tuple(cfg.data_size or size), cfg.data.num_samples)]),
+        wanted = [*([] if cfg.data.fresh else [(given, "train", cfg.scene_size, cfg.data.num_samples)]),
                   (given, "val", size, cfg.data.num_val),  # the trainer's stores (data.fresh: no train store)
                   ([*given, f"model.img_size=[{h},{w}]"], "val", (h, w), cfg.data.num_val)]  # the frontier's evaluation
         for overrides, split, at, n in wanted:

@@ -183,6 +183,11 @@ class TrainConfig:
         "device" (data.device_cache: the scene store in one tensor on the device) or "host" (a DataLoader)."""
         return "fresh" if self.data.fresh else "device" if self.data.device_cache else "host"
 
+    @property
+    def scene_size(self) -> tuple[int, int]:
+        """(H, W) the training scenes are made and stored at: data_size, else the model's img_size."""
+        return tuple(self.data_size or self.model_config().img_size)
+
     def query_choices(self) -> Sequence[int]:
         """The Q values a step may draw: queries.counts, or every Q in [queries.min, queries.max] as a range
         (never a list: the bounds may be large). draw_q picks a bucket uniformly, then Q inside its range, so

@@ -86,7 +86,7 @@ class DeviceScenes:
 
     def __init__(self, store: SceneStore, device: torch.device, cfg: TrainConfig, mcfg: ModelConfig, rank: int = 0,
                  world: int = 1):
-        want = tuple(cfg.data_size or mcfg.img_size)
+        want = cfg.scene_size
         if want != (store.layout.height, store.layout.width):
             raise ValueError(f"scene store {store.path} holds {store.layout.height}x{store.layout.width} scenes, "
                              f"the run takes {want} (model.img_size, or data_size)")

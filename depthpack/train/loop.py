@@ -153,7 +153,7 @@ def _training_set(cfg: TrainConfig, d: Dist, start_step: int):
     """The train split at the model's size (or cfg.data_size); with data.cache its synthetic scenes rendered now, by
     every core (DataLoader workers forked later share them, copy-on-write, instead of each rendering its own copy)."""
     mcfg = cfg.model_config()
-    train_set = make_dataset(cfg.data, split="train", img_size=tuple(cfg.data_size or mcfg.img_size),
+    train_set = make_dataset(cfg.data, split="train", img_size=cfg.scene_size,
                              min_depth=mcfg.min_depth, max_depth=mcfg.max_depth)
     if cfg.data.cache and hasattr(train_set, "prefill") and start_step < cfg.steps:
         train_set.prefill(processes=os.cpu_count() or 1, progress=d.main and cfg.progress)
