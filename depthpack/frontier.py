@@ -6,7 +6,8 @@ small objects of synthetic scenes), all trained the same way.
     python -m depthpack.frontier --plan configs/frontier_cpu.yaml --no-train        # finished runs only
 
 A plan (YAML) names the runs: each a training config (`base`), the overrides every run shares
-(`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). The whole plan is
+(`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). A plan that `varies`
+another holds only what differs: its keys replace the other's, its `common` comes after the other's. The whole plan is
 checked before anything trains: every key's type, every run's name (its folder under --runs, one a run)
 and its merged training config. Runs whose folder holds a finished summary.json are read, not trained
 again; the rest train as subprocesses, --jobs at a time, each dying with this command (a trainer holds its
@@ -42,7 +43,7 @@ from .core.config import ModelConfig, load_yaml, parse_overrides
 from .core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from .core.packing import chunk_plan
 
-PLAN_KEYS = {"base", "common", "image", "queries", "band_radius", "thin_max_px", "points", "max_images", "device", "runs"}
+PLAN_KEYS = {"varies", "base", "common", "image", "queries", "band_radius", "thin_max_px", "points", "max_images", "device", "runs"}
 RUN_KEYS = {"name", "path", "overrides", "default"}
 OWN_KEYS = ("out_dir", "resume")  # the frontier sets these for each run: a plan that sets them is refused
 
@@ -86,7 +87,7 @@ def load_plan(path: str | Path) -> dict[str, Any]:
     mapping with a name of its own (and a folder of its own: names that slug alike are refused), packed or
     dense, and its merged training config built (a bad override fails here, not after hours). One ValueError
     naming the plan and every problem."""
-    plan = load_yaml(path, "plan")
+    plan = _varied(load_yaml(path, "plan"), path)
     unknown = set(plan) - PLAN_KEYS
     if unknown:
         raise ValueError(f"plan {path}: unknown key(s) {sorted(unknown)}; known: {sorted(PLAN_KEYS)}")
@@ -101,6 +102,23 @@ def load_plan(path: str | Path) -> dict[str, Any]:
     if problems:
         raise ValueError(f"plan {path}: " + "; ".join(problems))
     return plan
+
+
+def _varied(plan: dict, path: str | Path) -> dict:
+    """A plan that `varies` another (one level, so each bed has one home): the other's keys, this file's
+    replacing them, and this file's `common` after the other's (a later key=value wins)."""
+    if "varies" not in plan:
+        return plan
+    src = plan["varies"]
+    if not (isinstance(src, str) and src.strip()):
+        raise ValueError(f"plan {path}: varies must be another plan's path, got {src!r}")
+    other = load_yaml(src, "plan")
+    if "varies" in other:
+        raise ValueError(f"plan {path}: varies {src}, which varies {other['varies']}; a plan may vary only a plan "
+                         f"that varies none")
+    mine = {k: v for k, v in plan.items() if k != "varies"}
+    common = [*other.get("common", []), *mine.get("common", [])]
+    return {**other, **mine, "common": common}
 
 
 def _count(v: Any, lo: int) -> bool:

@@ -2,6 +2,7 @@
 finished runs read, not trained again; costs that follow the buffer."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -113,6 +114,28 @@ def test_bad_plans_are_refused_before_anything_trains(tmp_path, runs, keys, matc
 def test_the_shipped_plans_pass_the_checks(name, monkeypatch):
     monkeypatch.chdir(ROOT)  # their base configs are named from the repository's root, as the docs run them
     assert load_plan(f"configs/{name}.yaml")["runs"]
+
+
+def test_a_plan_that_varies_another_holds_only_what_differs(tmp_path):
+    """Its keys replace the other's, its common comes after the other's (so its key=value wins); one level only."""
+    import yaml
+
+    from depthpack.frontier import run_overrides
+
+    other = write_plan(tmp_path, [A, {"name": "b", "path": "dense"}], queries=[8])
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"varies": str(other), "common": ["steps=3"], "queries": [16]}))
+    plan = load_plan(mine)
+    assert [r["name"] for r in plan["runs"]] == ["a", "b"] and plan["queries"] == [16] and "varies" not in plan
+    assert run_overrides(plan, plan["runs"][0], tmp_path / "a")[:4] == ["steps=2", "data.num_samples=8",
+                                                                       "data.num_val=2", "steps=3"]
+    chain = tmp_path / "chain.yaml"
+    chain.write_text(yaml.safe_dump({"varies": str(mine)}))
+    for path, said in ((chain, f"plan {chain}: varies {mine}, which varies {other}; a plan may vary only a plan "
+                                "that varies none"),
+                       (write_plan(tmp_path, [A], varies=7), "varies must be another plan's path, got 7")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            load_plan(path)
 
 
 def test_bad_outputs_and_a_folder_plan_are_one_line_before_anything_trains(tmp_path):
