@@ -10,7 +10,8 @@ A plan (YAML) names the runs: each a training config (`base`), the overrides eve
 another holds only what differs: its keys replace the other's, its `common` comes after the other's. The whole plan is
 checked before anything trains: every key's type, every run's name (its folder under --runs, one a run)
 and its merged training config. Runs whose folder holds a finished summary.json are read, not trained
-again; the rest train as subprocesses, --jobs at a time, each dying with this command (a trainer holds its
+again (a folder whose checkpoint trained with another config, a run of another plan of that name, is refused
+before anything trains); the rest train as subprocesses, --jobs at a time, each dying with this command (a trainer holds its
 folder's train.lock, so a folder another live trainer holds is refused). Every run is evaluated on the same
 held-out scenes at the plan's `image` size (a model of another size sees them resized, its points scaled),
 at the same query points (`points`: the point sets of python -m depthpack.eval --points, both by default; all
@@ -228,6 +229,46 @@ def finished(folder: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return s if isinstance(s, dict) and s.get("step") == s.get("steps") and "stopped_early" not in s else None
+
+
+# Training keys that say how a run ran, not what it learned: a folder trained with other values is still the run.
+HOW_IT_RAN = {"out_dir", "resume", "progress", "max_time_s", "ckpt_every", "keep_checkpoints", "eval_every",
+              "eval_images", "eval_queries", "log_every", "num_workers", "threads", "compile", "data.root",
+              "data.cache_dir"}
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's leaves by dotted key: {"data": {"seed": 1}} -> {"data.seed": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "model" else {f"{prefix}{k}": v})
+    return out
+
+
+def check_folders(plan: dict, todo: list[dict], runs_dir: Path) -> None:
+    """Each run whose folder holds a checkpoint trained with the config the plan gives it now (what it learned:
+    HOW_IT_RAN aside; a key the checkpoint does not hold is not compared): plans that vary another share their
+    runs' names, so a folder of another plan would otherwise be read, or resumed, as this one. One ValueError
+    naming each such folder and its first differing keys."""
+    from .core.checkpoint import CheckpointError, stored_config
+    from .core.config import to_dict
+    from .train.config import load_train_config
+
+    problems = []
+    for run in todo:
+        folder = run_dir(runs_dir, run)
+        try:
+            stored = _flat(stored_config(folder).get("train", {}))
+        except CheckpointError:  # nothing trained yet (or nothing to read): training starts it afresh
+            continue
+        now = _flat(to_dict(load_train_config(plan["base"], run_overrides(plan, run, folder))))
+        diff = [f"{k}={json.dumps(stored[k])} (the plan: {json.dumps(now[k])})" for k in now
+                if k in stored and k not in HOW_IT_RAN and stored[k] != now[k]]
+        if diff:
+            problems.append(f"{folder} trained with {', '.join(diff[:3])}{', ...' if len(diff) > 3 else ''}")
+    if problems:
+        raise ValueError(f"--runs {runs_dir}: {'; '.join(problems)}: a run of another plan or config; give "
+                         f"another --runs, or delete the folder to train the run anew")
 
 
 # ---- the subprocesses: trainers and evaluators that die with the frontier -------------------------
@@ -647,6 +688,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs_dir = check_outputs(a)
     plans, name = read_plans(Path(a.out)), plan_name(a.plan)
     old = old_rows(plans, name, plan, Path(a.out))
+    check_folders(plan, todo, runs_dir)
     new, failed = run_plan(plan, todo, runs_dir, a)
     said = f"{len(failed)} of {len(todo)} runs failed ({', '.join(map(repr, failed))}; each said above with its log)"
     if not new:

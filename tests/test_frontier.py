@@ -265,6 +265,30 @@ def test_a_plan_trains_evaluates_and_reads_finished_runs(trained):
 
 
 @pytest.mark.slow
+def test_a_folder_trained_with_another_config_is_refused_by_name(trained, tmp_path):
+    """A plan that varies the trained one shares its runs' names: its frontier on their folders is one error naming
+    each folder and key, read or resumed never; a key of how a run ran (eval_every) is not a difference."""
+    import yaml
+
+    args, runs = copy_of(trained, tmp_path)
+    before = (tmp_path / "new" / "f.json").read_bytes()
+    for common, said in ((["lr=0.001"], "lr=0.0003 (the plan: 0.001)"),
+                         (["data.thin_width_ref=128"], "data.thin_width_ref=560 (the plan: 128)")):
+        varied = tmp_path / "varied.yaml"
+        varied.write_text(yaml.safe_dump({"varies": args[1], "common": common}))
+        for extra in ([], ["--no-train"]):
+            with pytest.raises(ValueError) as e:
+                main([*args[:1], str(varied), *args[2:], *extra])
+            msg = str(e.value)
+            assert msg.startswith(f"--runs {runs}: {runs / 'packed_default'} trained with {said}; "
+                                  f"{runs / 'dense_32x32'} trained with {said}: a run of another plan"), msg
+            assert "\n" not in msg
+    assert (tmp_path / "new" / "f.json").read_bytes() == before
+    varied.write_text(yaml.safe_dump({"varies": args[1], "common": ["eval_every=5"]}))
+    assert rows_by_run(main([*args[:1], str(varied), *args[2:], "--no-train"])) == rows_by_run(trained[4])
+
+
+@pytest.mark.slow
 def test_rows_of_runs_not_evaluated_now_are_kept_without_only(trained, tmp_path):
     """--no-train leaves out a run that is not finished: its rows in --out stay, --only or not."""
     args, runs = copy_of(trained, tmp_path)
