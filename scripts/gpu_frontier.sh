@@ -6,8 +6,9 @@
 #   latency  B1 Q256 of the new default layout beside today's 144 thumbnail anchors (python -m depthpack.bench,
 #            row fast, untrained checkpoints: latency depends on the shapes, not the weights)
 #   frontier the plan's runs named in RUNS (all when empty), trained and evaluated by python -m depthpack.frontier;
-#            finished runs in $W are read, not trained again; rows, figure and runs.tgz (each run's summary, loss
-#            log and evaluation) to $OUT; with NO_TRAIN_S, a frontier cut by FRONTIER_S evaluates what finished
+#            finished runs in $W/runs/PLAN are read, not trained again; rows, figure and runs.tgz (each run's
+#            summary, loss log and evaluation) to $OUT; with NO_TRAIN_S, a frontier cut by FRONTIER_S evaluates
+#            what finished
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_frontier_out}
 PY=${PY:-python3}
@@ -49,19 +50,20 @@ fi
 if has frontier; then
   only=()
   [ -n "${RUNS:-}" ] && { eval "names=($RUNS)"; only=(--only "${names[@]}"); }
+  R=$W/runs/$(basename "$PLAN" .yaml)  # a plan's own run folders: plans that vary another share run names
   step "frontier: ${RUNS:-every run}"
-  timeout "${FRONTIER_S:-420}" $PY -m depthpack.frontier --plan "$PLAN" --runs "$W/runs" --jobs "${JOBS:-2}" \
+  timeout "${FRONTIER_S:-420}" $PY -m depthpack.frontier --plan "$PLAN" --runs "$R" --jobs "${JOBS:-2}" \
     --out "$W/frontier.json" --figure "$W/frontier.png" "${only[@]}" >"$OUT/frontier.log" 2>&1
   rc=$?
   echo "frontier exit $rc" | tee -a "$LOG"
   if [ $rc -ne 0 ] && [ -n "${NO_TRAIN_S:-}" ]; then  # cut by the timeout: the runs that finished, evaluated
-    timeout "$NO_TRAIN_S" $PY -m depthpack.frontier --plan "$PLAN" --runs "$W/runs" --jobs "${JOBS:-2}" --no-train \
+    timeout "$NO_TRAIN_S" $PY -m depthpack.frontier --plan "$PLAN" --runs "$R" --jobs "${JOBS:-2}" --no-train \
       --out "$W/frontier.json" --figure "$W/frontier.png" "${only[@]}" >>"$OUT/frontier.log" 2>&1
     echo "frontier --no-train exit $?" | tee -a "$LOG"
   fi
   cp "$W"/frontier.json "$W"/frontier.png "$OUT"/ 2>/dev/null; grep -v "%|" "$OUT/frontier.log" | tail -12 | cut -c1-300 | tee -a "$LOG"
-  for f in "$W"/runs/*/log.csv; do echo "$f: $(tail -1 "$f" | cut -c1-80)"; done 2>/dev/null | tee -a "$LOG"
+  for f in "$R"/*/log.csv; do echo "$f: $(tail -1 "$f" | cut -c1-80)"; done 2>/dev/null | tee -a "$LOG"
   # each run's summary, loss log and evaluation (its training loss for the docs), without the checkpoints
-  (cd "$W/runs" && tar czf "$OUT/runs.tgz" */summary.json */log.csv */frontier_eval/eval.json 2>/dev/null)
+  (cd "$R" && tar czf "$OUT/runs.tgz" */summary.json */log.csv */frontier_eval/eval.json 2>/dev/null)
 fi
 step "done"
