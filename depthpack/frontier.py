@@ -7,15 +7,16 @@ small objects of synthetic scenes), all trained the same way.
 
 A plan (YAML) names the runs: each a training config (`base`), the overrides every run shares
 (`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). A plan that `varies`
-another holds only what differs: its keys replace the other's, its `common` comes after the other's. The whole plan is
-checked before anything trains: every key's type, every run's name (its folder under --runs, one a run)
-and its merged training config. Runs whose folder holds a finished summary.json are read, not trained
-again (a folder whose checkpoint trained with another config, a run of another plan of that name, is refused
-before anything trains); the rest train as subprocesses, --jobs at a time, each dying with this command (a trainer holds its
-folder's train.lock, so a folder another live trainer holds is refused). Every run is evaluated on the same
-held-out scenes at the plan's `image` size (a model of another size sees them resized, its points scaled),
-at the same query points (`points`: the point sets of python -m depthpack.eval --points, both by default; all
-adds the thin band of synthetic scenes, its parts at most `thin_max_px` pixels across), with the same
+another holds only what differs: its keys replace the other's, its `common` comes after the other's. The
+whole plan is checked before anything trains: every key's type, every run's name (its folder under --runs,
+one a run) and its merged training config. Runs whose folder holds a finished summary.json are read, not
+trained again (a folder whose checkpoint trained with another config, a run of another plan of that name, is
+refused before anything trains); the rest train as subprocesses, --jobs at a time, each dying with this
+command (a trainer holds its folder's train.lock, so a folder another live trainer holds is refused). Every
+run is evaluated on the same held-out scenes at the plan's `image` size (a model of another size sees them
+resized, its points scaled), at the same query points (`points`: the point sets of python -m depthpack.eval
+--points, both by default; all adds the thin band of synthetic scenes, its parts at most `thin_max_px` pixels
+across), with the same
 depth-edge band (`band_radius` pixels of that image). A run that fails is one line naming its log; the others go on, and the command then exits 1 saying which failed.
 Rows go to --out (docs/results/frontier.json by default), under the plan's name (its file's
 stem) beside other plans' rows: {plans: {name: {plan, image, band_radius, [thin_max_px,] hardware, rows}}}, a row {name, path,
@@ -44,7 +45,8 @@ from .core.config import ModelConfig, load_yaml, parse_overrides
 from .core.files import atomic_write_json, atomic_write_text, check_writable_dir
 from .core.packing import chunk_plan
 
-PLAN_KEYS = {"varies", "base", "common", "image", "queries", "band_radius", "thin_max_px", "points", "max_images", "device", "runs"}
+PLAN_KEYS = {"varies", "base", "common", "image", "queries", "band_radius", "thin_max_px", "points", "max_images",
+             "device", "runs"}
 RUN_KEYS = {"name", "path", "overrides", "default"}
 OWN_KEYS = ("out_dir", "resume")  # the frontier sets these for each run: a plan that sets them is refused
 
@@ -235,14 +237,7 @@ def finished(folder: Path) -> dict | None:
 HOW_IT_RAN = {"out_dir", "resume", "progress", "max_time_s", "ckpt_every", "keep_checkpoints", "eval_every",
               "eval_images", "eval_queries", "log_every", "num_workers", "threads", "compile", "data.root",
               "data.cache_dir"}
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping's leaves by dotted key: {"data": {"seed": 1}} -> {"data.seed": 1}."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "model" else {f"{prefix}{k}": v})
-    return out
+MODEL = ("model",)  # the run's model overrides, compared whole: an override added or dropped is a difference
 
 
 def check_folders(plan: dict, todo: list[dict], runs_dir: Path) -> None:
@@ -251,17 +246,17 @@ def check_folders(plan: dict, todo: list[dict], runs_dir: Path) -> None:
     runs' names, so a folder of another plan would otherwise be read, or resumed, as this one. One ValueError
     naming each such folder and its first differing keys."""
     from .core.checkpoint import CheckpointError, stored_config
-    from .core.config import to_dict
+    from .core.config import dotted, to_dict
     from .train.config import load_train_config
 
     problems = []
     for run in todo:
         folder = run_dir(runs_dir, run)
         try:
-            stored = _flat(stored_config(folder).get("train", {}))
+            stored = dotted(stored_config(folder).get("train", {}), whole=MODEL)
         except CheckpointError:  # nothing trained yet (or nothing to read): training starts it afresh
             continue
-        now = _flat(to_dict(load_train_config(plan["base"], run_overrides(plan, run, folder))))
+        now = dotted(to_dict(load_train_config(plan["base"], run_overrides(plan, run, folder))), whole=MODEL)
         diff = [f"{k}={json.dumps(stored[k])} (the plan: {json.dumps(now[k])})" for k in now
                 if k in stored and k not in HOW_IT_RAN and stored[k] != now[k]]
         if diff:

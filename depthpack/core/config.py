@@ -221,6 +221,16 @@ def to_dict(cfg) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
+def dotted(d: dict[str, Any], whole: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A nested mapping's leaves by dotted key ({"data": {"seed": 1}} -> {"data.seed": 1}); a mapping under a key
+    named in `whole` stays one value."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        inner = dotted(v, whole) if isinstance(v, dict) and k not in whole else None
+        out.update({f"{k}.{sub}": x for sub, x in inner.items()} if inner is not None else {k: v})
+    return out
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """`key=value` strings (dotted keys for nesting) -> nested dict; values parsed as YAML."""
     out: dict[str, Any] = {}

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from ..core import checkpoint as ckpt
-from ..core.config import ModelConfig, stored_model_config, to_dict
+from ..core.config import ModelConfig, dotted, stored_model_config, to_dict
 from ..core.files import check_writable_dir, pid_lock, remove_stale_temporaries
 from ..core.model import DepthPack
 from .config import TrainConfig
@@ -81,21 +81,14 @@ STREAM_KEYS = ("seed", "data.seed", "data.fresh", "data.device_cache")
 def check_same_stream(cfg: TrainConfig, stored: dict[str, Any], cdir: Path) -> None:
     """One ValueError naming each STREAM_KEYS key whose value differs from the one checkpoint cdir trained with
     (stored: its config.json's "train"); a key it does not hold is not compared."""
-    def get(values: dict, key: str):
-        for part in key.split("."):
-            values = values.get(part, _ABSENT) if isinstance(values, dict) else _ABSENT
-        return values
-    now = to_dict(cfg)
+    now, stored = dotted(to_dict(cfg)), dotted(stored)
     def said(v) -> str:  # as written in a config: true, null, 1
         return json.dumps(v, default=str)
-    changed = [f"{key}={said(get(now, key))} (the run trained with {key}={said(get(stored, key))})" for key in STREAM_KEYS
-               if get(stored, key) is not _ABSENT and get(stored, key) != get(now, key)]
+    changed = [f"{key}={said(now[key])} (the run trained with {key}={said(stored[key])})" for key in STREAM_KEYS
+               if key in stored and stored[key] != now[key]]
     if changed:
         raise ValueError(f"resume: {', '.join(changed)}: a resumed run continues the data stream of {cdir}; set it "
                          f"back, or train the change in another out_dir")
-
-
-_ABSENT = object()
 
 
 def _load(cdir: Path, blobs: dict[str, bytes], mcfg: ModelConfig, model: DepthPack, opt, sched) -> tuple[int, Any, dict]:
