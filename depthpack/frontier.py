@@ -120,8 +120,10 @@ def _varied(plan: dict, path: str | Path) -> dict:
         raise ValueError(f"plan {path}: varies {src}, which varies {other['varies']}; a plan may vary only a plan "
                          f"that varies none")
     mine = {k: v for k, v in plan.items() if k != "varies"}
-    common = [*other.get("common", []), *mine.get("common", [])]
-    return {**other, **mine, "common": common}
+    common = [other.get("common", []), mine.get("common", [])]
+    if not all(_texts(c) for c in common):  # said by the plan's own check, not spread into characters here
+        return {**other, **mine}
+    return {**other, **mine, "common": [*common[0], *common[1]]}
 
 
 def _count(v: Any, lo: int) -> bool:

@@ -129,11 +129,14 @@ def test_a_plan_that_varies_another_holds_only_what_differs(tmp_path):
     assert [r["name"] for r in plan["runs"]] == ["a", "b"] and plan["queries"] == [16] and "varies" not in plan
     assert run_overrides(plan, plan["runs"][0], tmp_path / "a")[:4] == ["steps=2", "data.num_samples=8",
                                                                        "data.num_val=2", "steps=3"]
-    chain = tmp_path / "chain.yaml"
+    chain, text = tmp_path / "chain.yaml", tmp_path / "text.yaml"
+    (tmp_path / "sub").mkdir()
     chain.write_text(yaml.safe_dump({"varies": str(mine)}))
+    text.write_text(yaml.safe_dump({"varies": str(other), "common": "steps=3"}))  # its common is not a list
     for path, said in ((chain, f"plan {chain}: varies {mine}, which varies {other}; a plan may vary only a plan "
                                 "that varies none"),
-                       (write_plan(tmp_path, [A], varies=7), "varies must be another plan's path, got 7")):
+                       (text, f"plan {text}: common must be a list of key=value strings, got 'steps=3'"),
+                       (write_plan(tmp_path / "sub", [A], varies=7), "varies must be another plan's path, got 7")):
         with pytest.raises(ValueError, match=re.escape(said)):
             load_plan(path)
 
