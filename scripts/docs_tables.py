@@ -470,11 +470,20 @@ def block_frontier_gpu_detail_targets() -> list[str]:
     return _targets("frontier_gpu_detail")
 
 
+def block_frontier_gpu_detail_w256() -> list[str]:
+    return _bands_table("frontier_gpu_detail_w256")
+
+
+def block_frontier_gpu_detail_w256_targets() -> list[str]:
+    return _targets("frontier_gpu_detail_w256")
+
+
 BEDS = {"frontier_cpu_detail_demo_counts": "the demo's counts (1.5 thin, 1 small a scene)",
         "frontier_cpu_detail": "5 thin, 5 small a scene (the bed)",
         "frontier_cpu_detail_w64": "5 and 5, sized for 64 px (2-8 px at 128)",
         "frontier_cpu_detail_fences": "5 and 5, and 4 fences a scene",
-        "frontier_gpu_detail": "the bed at 8000 steps, on a GPU (frontier_gpu_detail)"}
+        "frontier_gpu_detail": "the bed at 8000 steps, on a GPU (frontier_gpu_detail)",
+        "frontier_gpu_detail_w256": "the bed at 8000 steps, sized for 256 px (0.5-2 px at 128; frontier_gpu_detail_w256)"}
 
 
 def block_frontier_headroom() -> list[str]:
