@@ -5,24 +5,23 @@ small objects of synthetic scenes), all trained the same way.
     python -m depthpack.frontier --plan configs/frontier_cpu.yaml --jobs 2          # train + evaluate
     python -m depthpack.frontier --plan configs/frontier_cpu.yaml --no-train        # finished runs only
 
-A plan (YAML) names the runs: each a training config (`base`), the overrides every run shares
-(`common`: the same scenes and steps) and its own (`overrides`: one lever at a time). A plan that `varies`
-another holds only what differs: its keys replace the other's, its `common` comes after the other's. The
-whole plan is checked before anything trains: every key's type, every run's name (its folder under --runs,
-one a run) and its merged training config. Runs whose folder holds a finished summary.json are read, not
-trained again (a folder whose checkpoint trained with another config, a run of another plan of that name, is
-refused before anything trains); the rest train as subprocesses, --jobs at a time, each dying with this
-command (a trainer holds its folder's train.lock, so a folder another live trainer holds is refused). Every
-run is evaluated on the same held-out scenes at the plan's `image` size (a model of another size sees them
-resized, its points scaled), at the same query points (`points`: the point sets of python -m depthpack.eval
---points, both by default; all adds the thin band of synthetic scenes, its parts at most `thin_max_px` pixels
-across), with the same
-depth-edge band (`band_radius` pixels of that image). A run that fails is one line naming its log; the others go on, and the command then exits 1 saying which failed.
-Rows go to --out (docs/results/frontier.json by default), under the plan's name (its file's
-stem) beside other plans' rows: {plans: {name: {plan, image, band_radius, [thin_max_px,] hardware, rows}}}, a row {name, path,
-image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, absrel_thin, steps, scenes, seed, device, torch,
-commit, patches, default}; the rows of runs evaluated now replace theirs, the rows of every other run are kept;
-the figure goes to --figure.
+A plan (YAML) names the runs: each a training config (`base`), the overrides every run shares (`common`: the
+same scenes and steps) and its own (`overrides`: one lever at a time). A plan that `varies` another holds only
+what differs: its keys replace the other's, its `common` comes after the other's. The whole plan is checked
+before anything trains: every key's type, every run's name (its folder under --runs, one a run) and its merged
+training config. Runs whose folder holds a finished summary.json are read, not trained again (a folder whose
+checkpoint trained with another config, a run of another plan of that name, is refused before anything trains);
+the rest train as subprocesses, --jobs at a time, each dying with this command (a trainer holds its folder's
+train.lock, so a folder another live trainer holds is refused). Every run is evaluated on the same held-out
+scenes at the plan's `image` size (a model of another size sees them resized, its points scaled), at the same
+query points (`points`: the point sets of python -m depthpack.eval --points, both by default; all adds the thin
+band of synthetic scenes, its parts at most `thin_max_px` pixels across), with the same depth-edge band
+(`band_radius` pixels of that image). A run that fails is one line naming its log; the others go on, and the
+command then exits 1 saying which failed. Rows go to --out (docs/results/frontier.json by default), under the
+plan's name (its file's stem) beside other plans' rows: {plans: {name: {plan, image, band_radius, [thin_max_px,]
+hardware, rows}}}, a row {name, path, image, q, tokens, encoder_gflop, absrel_uniform, absrel_edge, absrel_thin,
+steps, scenes, seed, device, torch, commit, patches, default}; the rows of runs evaluated now replace theirs,
+the rows of every other run are kept; the figure goes to --figure.
 """
 from __future__ import annotations
 
